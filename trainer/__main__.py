@@ -1,0 +1,188 @@
+"""CLI: `python -m trainer {syncer,learner,run}`. `--help` on each."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from .cli_args import (add_common_args, add_syncer_args, add_train_args, forward_flags, non_negative_int,
+                       positive_float, positive_int, syncer_config, train_config)
+from .link import Address
+
+
+def _secret(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
+    from .wire import load_secret
+    try:
+        return load_secret(args.secret_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise
+
+
+def _corpus(spec: str, parser: argparse.ArgumentParser):
+    from .data import load_corpus
+    try:
+        return load_corpus(spec)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
+        raise
+
+
+def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .syncer import serve
+    train = train_config(args, parser, args.learners)
+    cfg = syncer_config(args, parser, args.state_dir, args.host, args.port)
+    secret = _secret(args, parser)
+    try:
+        return serve(cfg, train, secret, args.run_dir, args.address_file)
+    except ValueError as exc:  # e.g. a state dir of another run
+        print(f"syncer: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .learner import LearnerOptions, run_learner
+    try:
+        address = Address.parse(args.connect)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not 0 < args.speed <= 1:
+        parser.error(f"--speed: must be in (0, 1], got {args.speed}")
+    secret = _secret(args, parser)
+    corpus = _corpus(args.data, parser)
+    opts = LearnerOptions(learner=args.learner, address=address, run_dir=args.run_dir, max_steps=args.max_steps,
+                          threads=args.threads, speed=args.speed, connect_timeout=args.connect_timeout)
+    return run_learner(opts, corpus, secret, args.mode)
+
+
+def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from tqdm import tqdm
+
+    from .launch import ClusterSpec, LocalCluster, ProgressTail, evaluate, final_parameters, learner_logs_tail
+    from .metrics import summarize
+    from .events import read_events
+
+    train = train_config(args, parser, args.learners)
+    syncer_config(args, parser, "unused")  # validate syncer flags before starting anything
+    corpus = _corpus(args.data, parser)  # also warms the synthetic-data cache for the learners
+    out = Path(args.out or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    if (out / "events").exists() and any((out / "events").iterdir()):
+        parser.error(f"--out: {out} already holds a run; choose a new directory")
+    spec = ClusterSpec(run_dir=out, learners=args.learners, mode=args.mode, data=args.data,
+                       syncer_flags=forward_flags(args), learner_flags=["--threads", str(args.threads)])
+    cluster = LocalCluster(spec)
+    print(f"islands: {args.learners} learners, {args.mode} mode, data {corpus.name}, run dir {out}", flush=True)
+    tail = ProgressTail(out)
+    try:
+        cluster.start()
+        started = time.monotonic()
+        with tqdm(total=int(args.duration), unit="s", disable=args.quiet, dynamic_ncols=True) as bar:
+            while (elapsed := time.monotonic() - started) < args.duration:
+                time.sleep(0.5)
+                if args.supervise:
+                    cluster.supervise(args.restart_delay)
+                tail.poll()
+                bar.n = min(int(elapsed), int(args.duration))
+                bar.set_postfix(tail.postfix(), refresh=True)
+    except KeyboardInterrupt:
+        print("interrupted: stopping the cluster", file=sys.stderr)
+    except (RuntimeError, TimeoutError) as exc:
+        cluster.kill()
+        print(f"run: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+    events = read_events(out)
+    summary = summarize(events, args.learners)
+    summary.update({"mode": args.mode, "learners": args.learners, "data": corpus.name,
+                    "loss_floor": corpus.entropy_rate, "unigram_entropy": corpus.unigram_entropy})
+    try:
+        summary["final_loss"] = round(evaluate(final_parameters(out, train), train, corpus), 4)
+    except FileNotFoundError as exc:
+        summary["final_loss"] = None
+        summary["error"] = str(exc)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary, out)
+    problems = learner_logs_tail(out)
+    if problems:
+        print("processes that failed:\n" + problems, file=sys.stderr)
+    return 0 if summary.get("final_loss") is not None else 1
+
+
+def print_summary(s: dict, out: Path) -> None:
+    floor = s.get("loss_floor")
+    rows = [
+        ("final loss (held-out, nats/byte)", s.get("final_loss")),
+        ("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
+        ("unigram entropy", round(s["unigram_entropy"], 4)),
+        ("recent training loss", s.get("train_loss_recent")),
+        ("goodput", f"{s['goodput']:.1%}" if s.get("goodput") is not None else None),
+        ("tokens processed / merged", f"{s.get('tokens_processed')} / {int(s.get('tokens_merged', 0))}"),
+        ("merges / sync rounds", f"{s.get('merges')} / {s.get('sync_rounds')}"),
+        ("bytes on the wire", f"{s.get('bytes_on_wire', 0) / 1e6:.1f} MB ({s.get('bytes_per_token')} B/token)"),
+        ("learner incarnations", s.get("learner_incarnations")),
+    ]
+    width = max(len(k) for k, _ in rows)
+    print(f"\nsummary ({s.get('mode')}, {s.get('learners')} learners, {s.get('wall_seconds')} s):")
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+    print(f"  {'run dir':<{width}}  {out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("syncer", help="run the syncer (outer optimizer) service")
+    add_common_args(p)
+    add_train_args(p)
+    add_syncer_args(p)
+    p.add_argument("--learners", type=positive_int, default=3, help="number of learners (data shards)")
+    p.add_argument("--state-dir", required=True, help="durable state; the syncer resumes from it")
+    p.add_argument("--run-dir", help="write events to RUN_DIR/events/syncer.jsonl")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=non_negative_int, default=0, help="0 picks a free port")
+    p.add_argument("--address-file", help="write {host, port} here once listening")
+    p.set_defaults(func=cmd_syncer)
+
+    p = sub.add_parser("learner", help="run one learner unit")
+    add_common_args(p)
+    p.add_argument("--learner", type=positive_int, required=True, help="this learner's id, 1..N")
+    p.add_argument("--connect", required=True, help="HOST:PORT of the syncer (or of this learner's proxy)")
+    p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
+    p.add_argument("--run-dir", help="write events to RUN_DIR/events/learner-N.jsonl")
+    p.add_argument("--max-steps", type=positive_int, default=None)
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
+    p.add_argument("--speed", type=positive_float, default=1.0, help="(0, 1]: artificial slowdown factor")
+    p.add_argument("--connect-timeout", type=positive_float, default=60.0)
+    p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("run", help="start a local cluster, train, and print a summary")
+    add_common_args(p)
+    add_train_args(p)
+    add_syncer_args(p)
+    p.add_argument("--learners", type=positive_int, default=3)
+    p.add_argument("--out", help="run directory (default runs/<timestamp>)")
+    p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
+    p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of training")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads per learner")
+    p.add_argument("--restart-delay", type=float, default=1.0, help="seconds before restarting a dead learner")
+    p.add_argument("--no-supervise", dest="supervise", action="store_false",
+                   help="do not restart processes that die")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    return int(args.func(args, sub) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Command-line flags shared by `syncer`, `learner` and `run`, and their conversion to configs.
+
+Every flag is validated by the config dataclasses; a bad value becomes an argparse error
+that names the flag, and the process exits 2 before starting anything.
+"""
+from __future__ import annotations
+
+import argparse
+
+from .codec import ENCODINGS
+from .config import MODES, SyncerConfig, TrainConfig
+from .model import ModelConfig
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def add_common_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=MODES, default="decoupled",
+                   help="decoupled DiLoCo, or the synchronous data-parallel baseline (default: decoupled)")
+    p.add_argument("--secret-file", help="file holding the shared HMAC secret (else $ISLANDS_SECRET[_FILE])")
+
+
+def add_train_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training (decided by the syncer, sent to learners)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--n-layer", type=positive_int, default=ModelConfig.n_layer)
+    g.add_argument("--n-head", type=positive_int, default=ModelConfig.n_head)
+    g.add_argument("--n-embd", type=positive_int, default=ModelConfig.n_embd)
+    g.add_argument("--block-size", type=positive_int, default=ModelConfig.block_size)
+    g.add_argument("--batch-size", type=positive_int, default=TrainConfig.batch_size)
+    g.add_argument("--inner-lr", type=positive_float, default=TrainConfig.inner_lr)
+    g.add_argument("--sync-every", "-H", type=positive_int, default=TrainConfig.sync_every,
+                   help="H: inner steps between two exchanges of a fragment")
+    g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
+    g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
+    g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
+    g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding)
+    g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval)
+    g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout)
+    g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout)
+
+
+def add_syncer_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("syncer")
+    g.add_argument("--outer-lr", type=positive_float, default=SyncerConfig.outer_lr)
+    g.add_argument("--outer-momentum", type=float, default=SyncerConfig.outer_momentum)
+    g.add_argument("--quorum", "-K", type=non_negative_int, default=SyncerConfig.quorum,
+                   help="minimum learners per merge; 0 = every live learner")
+    g.add_argument("--grace", type=float, default=SyncerConfig.grace,
+                   help="seconds to wait for more pushes before merging below quorum")
+    g.add_argument("--max-staleness", type=non_negative_int, default=SyncerConfig.max_staleness)
+    g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
+                   help="frame payload cap in bytes")
+
+
+def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_learners: int) -> TrainConfig:
+    try:
+        model = ModelConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
+                            n_embd=args.n_embd)
+        return TrainConfig(
+            model=model, mode=args.mode, seed=args.seed, num_learners=num_learners,
+            sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
+            encoding=args.encoding, inner_lr=args.inner_lr, batch_size=args.batch_size,
+            heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
+            request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1))
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise  # unreachable: parser.error exits
+
+
+def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, state_dir: str,
+                  host: str = "127.0.0.1", port: int = 0) -> SyncerConfig:
+    try:
+        return SyncerConfig(host=host, port=port, state_dir=state_dir, outer_lr=args.outer_lr,
+                            outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
+                            max_staleness=args.max_staleness, max_payload=args.max_payload)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise
+
+
+def forward_flags(args: argparse.Namespace) -> list[str]:
+    """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
+    out = ["--mode", args.mode]
+    for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
+                 "fragments", "overlap", "alpha", "encoding", "heartbeat_interval", "heartbeat_timeout",
+                 "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
+                 "max_payload"):
+        out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    return out

@@ -1,0 +1,104 @@
+"""Run configuration: what the syncer decides and hands every learner in WELCOME.
+
+The syncer is the single authority on the model shape and the training hyperparameters,
+so a learner started with nothing but an address can never train a different model.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from .codec import check_encoding
+from .fragments import validate_schedule
+from .model import ModelConfig
+
+MODES = ("decoupled", "sync")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mode: str = "decoupled"
+    seed: int = 0
+    num_learners: int = 3          # number of data shards
+    sync_every: int = 20           # H: inner steps between two exchanges of a fragment
+    fragments: int = 1             # P
+    overlap: int = 0               # τ: steps between a push and applying its merge
+    alpha: float = 0.0             # mixing on apply: θ ← α·θ_local + (1−α)·Θ
+    encoding: str = "fp32"
+    inner_lr: float = 3e-3
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    batch_size: int = 16
+    heartbeat_interval: float = 0.2
+    heartbeat_timeout: float = 1.0
+    request_timeout: float = 5.0
+    max_unsent_pushes: int = 8
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if self.num_learners < 1:
+            raise ValueError(f"learners: must be >= 1, got {self.num_learners}")
+        validate_schedule(self.sync_every, self.fragments, self.overlap)
+        if not 0.0 <= self.alpha < 1.0:
+            raise ValueError(f"alpha: must be in [0, 1), got {self.alpha}")
+        check_encoding(self.encoding)
+        for name in ("inner_lr", "heartbeat_interval", "heartbeat_timeout", "request_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', '-')}: must be > 0, got {getattr(self, name)}")
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat-timeout: {self.heartbeat_timeout} must exceed heartbeat-interval {self.heartbeat_interval}"
+            )
+        if self.batch_size < 1:
+            raise ValueError(f"batch-size: must be >= 1, got {self.batch_size}")
+        if self.max_unsent_pushes < self.fragments + 1:
+            raise ValueError(f"max-unsent-pushes: must be >= fragments + 1 = {self.fragments + 1}, "
+                             f"got {self.max_unsent_pushes}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.model.block_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"config: unknown field {unknown[0]!r}")
+        values = dict(data)
+        values["model"] = ModelConfig.from_dict(values.get("model", {}))
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class SyncerConfig:
+    host: str = "127.0.0.1"
+    port: int = 0
+    state_dir: str = "state"
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    quorum: int = 0                # K; 0 means every live learner
+    grace: float = 0.5             # seconds to wait for more pushes once one is pending
+    max_staleness: int = 4         # versions; older pushes are dropped and counted
+    max_payload: int = 64 * 1024 * 1024
+    max_connections: int = 256
+    idle_timeout: float = 30.0     # a connection silent this long is closed
+    sync_checkpoint_every: int = 50  # sync mode: rounds between durable checkpoints
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        if self.quorum < 0:
+            raise ValueError(f"quorum: must be >= 0, got {self.quorum}")
+        if self.grace < 0:
+            raise ValueError(f"grace: must be >= 0, got {self.grace}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max-staleness: must be >= 0, got {self.max_staleness}")
+        if self.max_payload < 1024:
+            raise ValueError(f"max-payload: must be >= 1024 bytes, got {self.max_payload}")
+        if self.sync_checkpoint_every < 1:
+            raise ValueError(f"sync-checkpoint-every: must be >= 1, got {self.sync_checkpoint_every}")

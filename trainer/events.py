@@ -1,0 +1,117 @@
+"""The one JSONL event schema that every Islands process writes.
+
+Each line: {"t": monotonic seconds, "wall": unix seconds, "process": "learner-2",
+"pid": 123, "learner": 2 | null, "kind": "...", ...fields}. CLOCK_MONOTONIC is shared by
+every process on one machine (and by its containers), so events from different processes
+order on one clock; checkers and reports read only these files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+EVENTS_DIR = "events"
+
+# Event kinds, documented in one place so writers and readers agree.
+KINDS = {
+    "process_start": "a process started (role, incarnation when known, config)",
+    "process_stop": "a process is exiting cleanly (reason)",
+    "inner_step": "a learner's inner step (step, loss, tokens, dt)",
+    "push": "a learner's push was answered (fragment, seq, base_version, tokens, wire_bytes, status)",
+    "push_accepted": "the syncer made a push durable and acknowledged it",
+    "push_duplicate": "the syncer saw a retried (learner, incarnation, seq) and did not apply it again",
+    "push_dropped": "the syncer dropped a push (reason: stale)",
+    "merge": "the syncer applied an outer step (fragment, version, contributors, tokens, staleness)",
+    "apply": "a learner adopted a global fragment (fragment, version, alpha)",
+    "join": "a learner incarnation joined (learner, incarnation, rejoin)",
+    "leave": "a learner's connection closed",
+    "heartbeat_lost": "a learner's lease expired and it was marked dead",
+    "frame_rejected": "a frame was refused (reason)",
+    "state_write": "durable state written (what, bytes, seconds)",
+    "state_loaded": "the syncer resumed from durable state (versions, applied ledger)",
+    "final_state": "the syncer's state at a clean stop (versions, applied ledger, counters)",
+    "sync_step": "sync mode: a gradient all-reduce completed (round, contributors, tokens)",
+    "connect": "a learner (re)connected to the syncer",
+    "disconnect": "a learner lost its connection (error)",
+    "restart": "a launcher restarted a process",
+    "eval": "validation loss of parameters",
+}
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/Inf: write them as strings so a checker can still see them."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class EventLog:
+    """Append-only, thread-safe, one line per event, flushed at once.
+
+    Flushing every line costs little at our event rates (tens per second) and means a
+    SIGKILLed process leaves every event it wrote readable.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None) -> None:
+        self.process = process
+        self.learner = learner
+        self._lock = threading.Lock()
+        self._file = None
+        if run_dir is not None:
+            path = Path(run_dir) / EVENTS_DIR / f"{process}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", encoding="utf-8", buffering=1)
+            self.path: Path | None = path
+        else:
+            self.path = None
+
+    def emit(self, kind: str, **fields: Any) -> dict:
+        record = {
+            "t": time.monotonic(),
+            "wall": time.time(),
+            "process": self.process,
+            "pid": os.getpid(),
+            "learner": self.learner,
+            "kind": kind,
+        }
+        record.update(fields)
+        if self._file is not None:
+            line = json.dumps(_clean(record), separators=(",", ":"))
+            with self._lock:
+                self._file.write(line + "\n")
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def read_events(run_dir: str | os.PathLike) -> list[dict]:
+    """Every event of a run, ordered by monotonic time. A torn last line is skipped."""
+    out: list[dict] = []
+    for path in sorted((Path(run_dir) / EVENTS_DIR).glob("*.jsonl")):
+        out.extend(iter_file(path))
+    out.sort(key=lambda e: e["t"])
+    return out
+
+
+def iter_file(path: Path) -> Iterator[dict]:
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if not line.endswith("\n"):
+                return  # a process was killed mid-write: the tail is incomplete
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,58 @@
+"""Fragments: the units of synchronisation (Streaming DiLoCo).
+
+Parameters are split into P fragments balanced by parameter count. Fragment f falls due
+every H inner steps, offset by f*H/P, so the exchanges are staggered. P=1 is plain
+DiLoCo. The partition depends only on the model's parameter names and shapes, so the
+syncer and every learner compute the same one; the syncer still sends it in WELCOME so
+that a learner never guesses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Fragment:
+    index: int
+    names: tuple[str, ...]
+    numel: int
+
+
+def partition(shapes: dict[str, torch.Size], num_fragments: int) -> list[Fragment]:
+    """Greedy longest-processing-time assignment: biggest tensors first, to the lightest."""
+    if num_fragments < 1:
+        raise ValueError(f"fragments: must be >= 1, got {num_fragments}")
+    if num_fragments > len(shapes):
+        raise ValueError(f"fragments: {num_fragments} exceeds the {len(shapes)} parameter tensors")
+    order = list(shapes)
+    sizes = {n: int(torch.Size(s).numel()) for n, s in shapes.items()}
+    bins: list[list[str]] = [[] for _ in range(num_fragments)]
+    loads = [0] * num_fragments
+    for name in sorted(order, key=lambda n: (-sizes[n], order.index(n))):
+        target = min(range(num_fragments), key=lambda i: (loads[i], i))
+        bins[target].append(name)
+        loads[target] += sizes[name]
+    return [
+        Fragment(i, tuple(n for n in order if n in set(b)), loads[i]) for i, b in enumerate(bins)
+    ]
+
+
+def due_fragments(step: int, sync_every: int, num_fragments: int) -> list[int]:
+    """Fragments whose exchange starts after inner step `step` (1-based step count)."""
+    if step <= 0:
+        return []
+    offset = sync_every // num_fragments
+    return [f for f in range(num_fragments) if (step - f * offset) % sync_every == 0 and step >= f * offset]
+
+
+def validate_schedule(sync_every: int, num_fragments: int, overlap: int) -> None:
+    if sync_every < 1:
+        raise ValueError(f"sync_every (H): must be >= 1, got {sync_every}")
+    if sync_every % num_fragments:
+        raise ValueError(f"fragments (P): {num_fragments} must divide sync_every (H) = {sync_every}")
+    if overlap < 0 or overlap >= max(1, sync_every // num_fragments):
+        raise ValueError(
+            f"overlap (tau): must be in [0, H/P) = [0, {sync_every // num_fragments}), got {overlap}"
+        )

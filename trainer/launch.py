@@ -1,0 +1,235 @@
+"""`python -m trainer run`: a local cluster of real processes, supervised, then a summary.
+
+The syncer and N learners run as subprocesses talking TCP on 127.0.0.1. The launcher
+restarts any that die (a learner after --restart-delay, the syncer on the same port),
+shows a progress bar from the event files, stops everything cleanly, evaluates the final
+global parameters on held-out data and prints the summary.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .data import Corpus, evaluation_batches
+from .events import EVENTS_DIR, EventLog, iter_file, read_events
+from .metrics import summarize
+from .model import build_model
+from .state import StateDir, load_tensors
+from .sync_state import PARAM
+
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 20.0
+
+
+@dataclass
+class Proc:
+    name: str
+    argv: list[str]
+    popen: subprocess.Popen | None = None
+    restarts: int = 0
+    died_at: float | None = None
+    log: Path | None = None
+
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+
+@dataclass
+class ClusterSpec:
+    run_dir: Path
+    learners: int
+    mode: str
+    data: str
+    syncer_flags: list[str]
+    learner_flags: list[str] = field(default_factory=list)
+    speeds: dict[int, float] = field(default_factory=dict)
+
+
+class LocalCluster:
+    """The syncer plus N learners as local subprocesses (no proxies: see chaos/ for those)."""
+
+    def __init__(self, spec: ClusterSpec) -> None:
+        self.spec = spec
+        self.run_dir = spec.run_dir
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self.secret_file = self.run_dir / "secret"
+        if not self.secret_file.exists():
+            self.secret_file.write_text(secrets.token_hex(32))
+            self.secret_file.chmod(0o600)
+        self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(self.secret_file), PYTHONUNBUFFERED="1",
+                        OMP_NUM_THREADS="1")
+        self.address_file = self.run_dir / "syncer.json"
+        self.port = 0
+        self.events = EventLog(self.run_dir, "launcher")
+        self.syncer = Proc("syncer", [])
+        self.learners = {i: Proc(f"learner-{i}", []) for i in range(1, spec.learners + 1)}
+
+    def _spawn(self, proc: Proc) -> None:
+        proc.log = self.run_dir / "logs" / f"{proc.name}.log"
+        with open(proc.log, "ab") as log:
+            proc.popen = subprocess.Popen(proc.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+        proc.died_at = None
+
+    def start_syncer(self) -> None:
+        self.address_file.unlink(missing_ok=True)
+        self.syncer.argv = [sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
+                            "--run-dir", str(self.run_dir), "--address-file", str(self.address_file),
+                            "--host", "127.0.0.1", "--port", str(self.port),
+                            "--learners", str(self.spec.learners), *self.spec.syncer_flags]
+        self._spawn(self.syncer)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self.address_file.exists():
+            if self.syncer.popen.poll() is not None:
+                raise RuntimeError(f"syncer exited with {self.syncer.popen.returncode} before listening; "
+                                   f"see {self.syncer.log}:\n{_tail(self.syncer.log)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"syncer did not listen within {START_TIMEOUT:.0f}s; see {self.syncer.log}")
+            time.sleep(0.05)
+        self.port = int(json.loads(self.address_file.read_text())["port"])
+
+    def start_learner(self, i: int) -> None:
+        proc = self.learners[i]
+        proc.argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(i),
+                     "--connect", f"127.0.0.1:{self.port}", "--run-dir", str(self.run_dir),
+                     "--data", self.spec.data, "--mode", self.spec.mode,
+                     "--speed", str(self.spec.speeds.get(i, 1.0)), *self.spec.learner_flags]
+        self._spawn(proc)
+
+    def start(self) -> None:
+        self.start_syncer()
+        for i in self.learners:
+            self.start_learner(i)
+
+    def supervise(self, restart_delay: float) -> None:
+        """Restart whatever died: the syncer at once on the same port, learners after a delay."""
+        now = time.monotonic()
+        if not self.syncer.alive():
+            self.syncer.restarts += 1
+            self.events.emit("restart", target="syncer", exit_code=self.syncer.popen.returncode)
+            self.start_syncer()
+        for i, proc in self.learners.items():
+            if proc.alive():
+                continue
+            if proc.died_at is None:
+                proc.died_at = now
+            elif now - proc.died_at >= restart_delay:
+                proc.restarts += 1
+                self.events.emit("restart", target=proc.name, exit_code=proc.popen.returncode)
+                self.start_learner(i)
+
+    def stop(self) -> None:
+        """SIGTERM learners first (they push their residual progress), then the syncer."""
+        for group in (list(self.learners.values()), [self.syncer]):
+            for proc in group:
+                if proc.alive():
+                    proc.popen.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_TIMEOUT
+            for proc in group:
+                if proc.popen is None:
+                    continue
+                try:
+                    proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.popen.kill()
+                    proc.popen.wait(timeout=5)
+        self.events.close()
+
+    def kill(self) -> None:
+        for proc in [*self.learners.values(), self.syncer]:
+            if proc.alive():
+                proc.popen.kill()
+                proc.popen.wait(timeout=5)
+
+
+def _tail(path: Path | None, lines: int = 15) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class ProgressTail:
+    """Follows the event files to show loss, version and live learners on the progress bar."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.dir = run_dir / EVENTS_DIR
+        self.offsets: dict[Path, int] = {}
+        self.loss: dict[int, float] = {}
+        self.version = 0
+        self.rounds = 0
+
+    def poll(self) -> None:
+        for path in self.dir.glob("*.jsonl"):
+            size = path.stat().st_size
+            start = self.offsets.get(path, 0)
+            if size <= start:
+                continue
+            with open(path, encoding="utf-8") as fh:
+                fh.seek(start)
+                chunk = fh.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            self.offsets[path] = start + len(complete.encode())
+            for line in complete.splitlines():
+                try:
+                    e = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if e["kind"] == "inner_step":
+                    self.loss[e["learner"]] = e["loss"]
+                elif e["kind"] == "merge":
+                    self.version = max(self.version, e["version"])
+                elif e["kind"] == "sync_step":
+                    self.rounds = e["round"] + 1
+
+    def postfix(self) -> dict:
+        loss = sum(self.loss.values()) / len(self.loss) if self.loss else float("nan")
+        return {"loss": f"{loss:.3f}", "version": self.version, "rounds": self.rounds}
+
+
+def final_parameters(run_dir: Path, train: TrainConfig) -> dict[str, torch.Tensor]:
+    store = StateDir(run_dir / "state")
+    if train.mode == "sync":
+        tensors, _ = load_tensors(store.sync_path)
+        return {k[len(PARAM):]: v for k, v in tensors.items() if k.startswith(PARAM)}
+    return store.read_params(train.fragments)
+
+
+def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, corpus: Corpus) -> float:
+    """Mean cross-entropy (nats per byte) of `params` on the corpus's held-out tail."""
+    model = build_model(train.model, train.seed)
+    model.load_state_dict(params)
+    model.eval()
+    _, val = corpus.split()
+    losses = []
+    with torch.no_grad():
+        for x, y in evaluation_batches(val, train.model.block_size, train.batch_size):
+            losses.append(float(model(x, y)[1]))
+    return sum(losses) / len(losses)
+
+
+def run_events(run_dir: Path) -> list[dict]:
+    return read_events(run_dir)
+
+
+def learner_logs_tail(run_dir: Path) -> str:
+    out = []
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        tail = _tail(log, 5)
+        if "Error" in tail or "Traceback" in tail:
+            out.append(f"--- {log.name}\n{tail}")
+    return "\n".join(out)
+
+
+__all__ = ["ClusterSpec", "LocalCluster", "ProgressTail", "evaluate", "final_parameters", "iter_file",
+           "run_events", "summarize", "learner_logs_tail"]

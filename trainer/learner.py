@@ -1,0 +1,395 @@
+"""A learner unit: inner AdamW steps on its own shard, pseudo-gradients pushed in the background.
+
+Decoupled mode: every H steps (staggered per fragment) the learner computes
+Δ_f = θ_ref_f − θ_local_f, the progress made since it last pushed or adopted fragment f,
+queues it and moves on. A background thread sends pushes, heartbeats, and pulls new
+global fragments into an inbox; the inner loop applies them at a step boundary, mixing
+θ_f ← α·θ_f + (1−α)·Θ_f. The inner loop never touches the network.
+
+Sync mode (the baseline): every step's gradient goes to the syncer, which returns the
+mean of all live learners; each learner applies it with its AdamW, as DDP would.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import wire
+from .codec import encode
+from .config import TrainConfig
+from .data import Corpus, ShardSampler
+from .events import EventLog
+from .fragments import due_fragments
+from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
+from .model import build_model
+from .pushes import OutgoingPush, PushQueue
+from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer
+
+RECONNECT_BUDGET = 30.0
+DRAIN_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class LearnerOptions:
+    learner: int
+    address: Address
+    run_dir: str | None
+    max_steps: int | None = None
+    threads: int = 1
+    speed: float = 1.0            # < 1 slows this learner down artificially
+    connect_timeout: float = 60.0
+    drain_timeout: float = DRAIN_TIMEOUT
+
+
+class Inbox:
+    """Newest global version of each fragment, handed from the network thread to the loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._items: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
+
+    def put(self, fragment: int, version: int, tensors: dict[str, torch.Tensor]) -> None:
+        with self._lock:
+            current = self._items.get(fragment)
+            if current is None or current[0] < version:
+                self._items[fragment] = (version, tensors)
+
+    def take(self, fragment: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        with self._lock:
+            return self._items.pop(fragment, None)
+
+    def version(self, fragment: int) -> int:
+        with self._lock:
+            item = self._items.get(fragment)
+            return item[0] if item else -1
+
+    def fragments(self) -> list[int]:
+        with self._lock:
+            return list(self._items)
+
+
+class Learner:
+    def __init__(self, opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> None:
+        self.opts = opts
+        self.corpus = corpus
+        self.mode = mode
+        self.stop = threading.Event()
+        self.events = EventLog(opts.run_dir, f"learner-{opts.learner}", learner=opts.learner)
+        self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
+        self.inbox = Inbox()
+        self.syncer_versions: list[int] = []
+        self.adopted_versions: list[int] = []
+        # Per fragment, the global version that will contain this learner's last push: the
+        # learner adopts that version (or a newer one), and only that, as DiLoCo would after
+        # its own exchange. Adopting a merge made without its push would discard its work.
+        self.targets: list[int | None] = []
+        self.fatal: Exception | None = None
+        self._versions_lock = threading.Lock()
+
+    # ----------------------------------------------------------------- setup
+    def _welcome(self) -> wire.Frame:
+        try:
+            return self.link.connect(want_params=True, budget=self.opts.connect_timeout)
+        except Refused as exc:
+            raise SystemExit(f"learner-{self.opts.learner}: syncer refused HELLO: {exc}") from exc
+        except TRANSIENT as exc:
+            raise SystemExit(
+                f"learner-{self.opts.learner}: could not reach the syncer at {self.opts.address} "
+                f"within {self.opts.connect_timeout:.0f}s: {exc}") from exc
+
+    def _setup(self, welcome: wire.Frame) -> None:
+        h = welcome.header
+        self.cfg = TrainConfig.from_dict(h["config"])
+        self.link.request_timeout = self.cfg.request_timeout
+        self.incarnation = int(h["incarnation"])
+        self.fragment_names: list[list[str]] = [list(names) for names in h["fragments"]]
+        torch.set_num_threads(self.opts.threads)
+        self.model = build_model(self.cfg.model, self.cfg.seed)
+        self.params = dict(self.model.named_parameters())
+        self.opt = make_inner_optimizer(self.model, self.cfg)
+        tensors = welcome.tensors()
+        if self.mode == "sync":
+            load_optimizer_tensors(self.model, self.opt, tensors, int(h["adam_step"]))
+            self.round = int(h["round"])
+        else:
+            with torch.no_grad():
+                for name, p in self.params.items():
+                    p.copy_(tensors[name])
+            self.syncer_versions = list(h["versions"])
+            self.adopted_versions = list(h["versions"])
+            self.targets = [None] * len(self.fragment_names)
+        train, _ = self.corpus.split()
+        self.sampler = ShardSampler(train, self.opts.learner - 1, self.cfg.num_learners, self.cfg.model.block_size,
+                                    self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]))
+        self.events.emit("process_start", role="learner", incarnation=self.incarnation, rejoin=bool(h["rejoin"]),
+                         position=self.sampler.position, mode=self.mode, versions=self.adopted_versions,
+                         threads=self.opts.threads, speed=self.opts.speed, corpus=self.corpus.name,
+                         loss_floor=self.corpus.entropy_rate, unigram_entropy=self.corpus.unigram_entropy)
+
+    # ----------------------------------------------------------------- inner step
+    def _inner_step(self) -> tuple[float, float]:
+        x, y = self.sampler.next_batch()
+        started = time.perf_counter()
+        _, loss = self.model(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        return float(loss.detach()), started
+
+    def _throttle(self, compute_s: float) -> None:
+        if self.opts.speed < 1.0:
+            self.stop.wait(compute_s * (1.0 / self.opts.speed - 1.0))
+
+    def run(self) -> int:
+        welcome = self._welcome()
+        self._setup(welcome)
+        if self.mode == "sync":
+            return self._run_sync()
+        return self._run_decoupled()
+
+    # ----------------------------------------------------------------- decoupled
+    def _run_decoupled(self) -> int:
+        cfg = self.cfg
+        self.queue = PushQueue(cfg.max_unsent_pushes)
+        refs = {f: {n: self.params[n].detach().clone() for n in names}
+                for f, names in enumerate(self.fragment_names)}
+        tokens_since = [0] * len(self.fragment_names)
+        steps_since = [0] * len(self.fragment_names)
+        last_push_step = [0] * len(self.fragment_names)
+        seq = 0
+        worker = threading.Thread(target=self._network_loop, name="learner-net", daemon=True)
+        worker.start()
+        step = 0
+
+        def push(f: int) -> None:
+            nonlocal seq
+            seq += 1
+            with torch.no_grad():
+                delta = {n: refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
+                refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+            self.queue.put(OutgoingPush(f, seq, self.adopted_versions[f], tokens_since[f], steps_since[f],
+                                        self.sampler.position, delta, created_step=step))
+            tokens_since[f] = steps_since[f] = 0
+            last_push_step[f] = step
+
+        while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
+            if self.fatal:
+                raise self.fatal
+            for f in self.inbox.fragments():
+                if step >= last_push_step[f] + cfg.overlap:
+                    self._adopt(f, refs, tokens_since, steps_since)
+            loss, started = self._inner_step()
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.opt.step()
+            compute_s = time.perf_counter() - started
+            step += 1
+            for f in range(len(tokens_since)):
+                tokens_since[f] += cfg.tokens_per_step
+                steps_since[f] += 1
+            self.events.emit("inner_step", step=step, loss=loss, tokens=cfg.tokens_per_step,
+                             compute_s=round(compute_s, 5), incarnation=self.incarnation,
+                             position=self.sampler.position)
+            for f in due_fragments(step, cfg.sync_every, cfg.fragments):
+                push(f)
+            self._throttle(compute_s)
+        for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
+            if steps_since[f]:
+                push(f)
+        drained = self.queue.wait_empty(self.opts.drain_timeout)
+        self.stop.set()
+        worker.join(timeout=self.opts.drain_timeout + 2)
+        self._bye()
+        self.events.emit("process_stop", role="learner", steps=step, drained=drained, unsent=len(self.queue),
+                         bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
+        return 0
+
+    def _adopt(self, f: int, refs: dict, tokens_since: list[int], steps_since: list[int]) -> None:
+        with self._versions_lock:
+            target = self.targets[f]
+            if target is None or self.inbox.version(f) < target:
+                return
+            item = self.inbox.take(f)
+            self.targets[f] = None
+        if item is None or item[0] <= self.adopted_versions[f]:
+            return
+        version, tensors = item
+        alpha = self.cfg.alpha
+        with torch.no_grad():
+            for name in self.fragment_names[f]:
+                p = self.params[name]
+                p.mul_(alpha).add_(tensors[name], alpha=1.0 - alpha)
+            refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+        # Progress not yet pushed survives only in proportion α; its tokens are weighed alike.
+        tokens_since[f] = int(alpha * tokens_since[f])
+        steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
+        with self._versions_lock:
+            self.adopted_versions[f] = version
+        self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation)
+
+    def _network_loop(self) -> None:
+        """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""
+        next_beat = 0.0
+        while not (self.stop.is_set() and len(self.queue) == 0):
+            try:
+                if not self.link.connected:
+                    welcome = self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
+                    self._note_versions(welcome.header.get("versions"))
+                    next_beat = 0.0
+                item = self.queue.peek()
+                if item is not None:
+                    self._send_push(item)
+                    continue
+                now = time.monotonic()
+                if now >= next_beat:
+                    beat = self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
+                    self._note_versions(beat.header.get("versions"))
+                    next_beat = now + self.cfg.heartbeat_interval
+                self._pull_new_versions()
+                self.queue.wait(max(0.0, next_beat - time.monotonic()))
+            except Refused as exc:
+                if exc.reason in FATAL_REASONS:
+                    self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
+                    self.stop.set()
+                    return
+                self.link.close(f"refused: {exc}")
+                self._drop_refused_push(exc)
+            except TRANSIENT as exc:
+                self.link.close(f"{type(exc).__name__}: {exc}")
+                if self.stop.is_set():
+                    return
+                self.stop.wait(0.05)
+
+    def _note_versions(self, versions: list[int] | None) -> None:
+        if versions:
+            with self._versions_lock:
+                self.syncer_versions = list(versions)
+
+    def _pull_new_versions(self) -> None:
+        with self._versions_lock:
+            wanted = [f for f, v in enumerate(self.syncer_versions)
+                      if self.targets[f] is not None and v >= self.targets[f]
+                      and v > max(self.adopted_versions[f], self.inbox.version(f))]
+        for f in wanted:
+            reply = self.link.request(wire.encode_frame(self.link.secret, wire.PULL, {"fragment": f}))
+            version = int(reply.header["version"])
+            self.inbox.put(f, version, reply.tensors())
+            self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
+
+    def _send_push(self, item: OutgoingPush) -> None:
+        if item.frame is None:
+            header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
+                      "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
+                      "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding}
+            item.frame = wire.encode_frame(self.link.secret, wire.PUSH, header, encode(item.delta, self.cfg.encoding))
+        item.attempts += 1
+        started = time.monotonic()
+        reply = self.link.request(item.frame)
+        self.queue.pop(item)
+        self._note_versions(reply.header.get("versions"))
+        status = reply.header.get("status")
+        version = int(reply.header.get("version", 0))
+        self._await_version(item.fragment, version + 1 if status == "accepted" else version)
+        self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
+                         base_version=item.base_version, tokens=item.tokens, steps=item.steps,
+                         wire_bytes=len(item.frame), encoding=self.cfg.encoding, status=status, version=version,
+                         attempts=item.attempts, coalesced=item.coalesced,
+                         latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
+
+    def _await_version(self, fragment: int, version: int) -> None:
+        with self._versions_lock:
+            current = self.targets[fragment]
+            self.targets[fragment] = version if current is None else max(current, version)
+
+    def _drop_refused_push(self, exc: Refused) -> None:
+        item = self.queue.peek()
+        if item is not None and item.frame is not None:
+            self.queue.pop(item)
+            self._await_version(item.fragment, self.syncer_versions[item.fragment])
+            self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
+                             reason=exc.reason, detail=exc.detail, wire_bytes=len(item.frame),
+                             id=f"{self.opts.learner}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
+
+    def _bye(self) -> None:
+        if self.link.connected:
+            try:
+                self.link.request(wire.encode_frame(self.link.secret, wire.BYE, {}))
+            except (Refused, *TRANSIENT):
+                pass
+        self.link.close()
+
+    # ----------------------------------------------------------------- sync
+    def _run_sync(self) -> int:
+        beat = threading.Thread(target=self._sync_heartbeat_loop, name="learner-beat", daemon=True)
+        beat.start()
+        step = 0
+        while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
+            loss, started = self._inner_step()
+            compute_s = time.perf_counter() - started
+            grads = {n: p.grad.detach() for n, p in self.params.items()}
+            header = {"round": self.round, "tokens": self.cfg.tokens_per_step, "position": self.sampler.position}
+            reply = self._sync_exchange(wire.encode_frame(self.link.secret, wire.GRAD, header, grads))
+            if reply is None:
+                break
+            if reply.header.get("resync"):
+                load_optimizer_tensors(self.model, self.opt, reply.tensors(), int(reply.header["adam_step"]))
+                self.round = int(reply.header["round"])
+                self.events.emit("apply", fragment=None, version=self.round, resync=True, incarnation=self.incarnation)
+                continue
+            applied_at = time.perf_counter()
+            apply_mean_gradient(self.model, self.opt, reply.tensors(), self.cfg.grad_clip)
+            compute_s += time.perf_counter() - applied_at  # own work only; the wait is excluded
+            self.round += 1
+            step += 1
+            self.events.emit("inner_step", step=step, loss=loss, tokens=self.cfg.tokens_per_step,
+                             compute_s=round(compute_s, 5), round=self.round, incarnation=self.incarnation,
+                             position=self.sampler.position,
+                             dt=round(time.perf_counter() - started, 5), wire_bytes=reply.wire_bytes)
+            self._throttle(compute_s)
+        self.stop.set()
+        self._bye()
+        self.events.emit("process_stop", role="learner", steps=step,
+                         bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
+        return 0
+
+    def _sync_exchange(self, frame: bytes) -> wire.Frame | None:
+        """Send a gradient until a MEAN comes back; reconnect as often as needed."""
+        while not self.stop.is_set():
+            try:
+                if not self.link.connected:
+                    self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
+                return self.link.request(frame)
+            except Refused as exc:
+                if exc.reason in FATAL_REASONS:
+                    raise SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}") from exc
+                self.link.close(f"refused: {exc}")
+            except TRANSIENT as exc:
+                self.link.close(f"{type(exc).__name__}: {exc}")
+                self.stop.wait(0.05)
+        return None
+
+    def _sync_heartbeat_loop(self) -> None:
+        """Keeps the lease while the main thread computes; a waiting GRAD holds it otherwise."""
+        while not self.stop.wait(self.cfg.heartbeat_interval):
+            if not self.link.lock.acquire(blocking=False):
+                continue  # a request is in flight on the connection: it speaks for us
+            try:
+                if self.link.connected:
+                    self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
+            except (Refused, *TRANSIENT):
+                pass
+            finally:
+                self.link.lock.release()
+
+
+def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> int:
+    learner = Learner(opts, corpus, secret, mode)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: learner.stop.set())
+    try:
+        return learner.run()
+    finally:
+        learner.events.close()

@@ -1,0 +1,150 @@
+"""A learner's connection to the syncer: HELLO handshake, requests with deadlines, reconnects.
+
+One persistent TCP connection per learner. Every call has a deadline; reconnects use
+tenacity with exponential backoff and jitter, and their sleeps wake at once when the
+learner stops, so shutting down never waits out a backoff.
+"""
+from __future__ import annotations
+
+import secrets
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_any, wait_exponential_jitter
+from tenacity.stop import stop_base
+
+from . import wire
+from .events import EventLog
+
+TRANSIENT = (OSError, wire.FrameError, wire.DeadlineExceeded, wire.PeerClosed)
+CONNECT_TIMEOUT = 3.0
+MIN_WIRE_RATE = 2_000_000  # bytes/s assumed when sizing a deadline for a large frame
+
+
+class Refused(Exception):
+    """The syncer answered ERROR: a decision, not a network fault."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+FATAL_REASONS = {"mode_mismatch", "bad_learner"}
+
+
+class _stop_when_set(stop_base):
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def __call__(self, retry_state) -> bool:  # type: ignore[override]
+        return self.event.is_set()
+
+
+@dataclass(frozen=True)
+class Address:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Address":
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--connect: expected HOST:PORT, got {text!r}")
+        return cls(host, int(port))
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+class Link:
+    def __init__(self, address: Address, secret: bytes, learner: int, mode: str,
+                 events: EventLog, request_timeout: float, stop: threading.Event) -> None:
+        self.address = address
+        self.secret = secret
+        self.learner = learner
+        self.mode = mode
+        self.events = events
+        self.request_timeout = request_timeout
+        self.stop = stop
+        self.nonce = secrets.token_hex(8)
+        self.lock = threading.RLock()
+        self.sock: socket.socket | None = None
+        self.connections = 0
+        self.bytes_up = 0
+        self.bytes_down = 0
+
+    # ----------------------------------------------------------------- basics
+    def deadline_for(self, nbytes: int) -> float:
+        return time.monotonic() + self.request_timeout + nbytes / MIN_WIRE_RATE
+
+    def _exchange(self, sock: socket.socket, data: bytes) -> wire.Frame:
+        wire.send_all(sock, data, self.deadline_for(len(data)))
+        self.bytes_up += len(data)
+        reply = wire.read_frame(sock, self.secret, self.deadline_for(64 * 1024 * 1024))
+        self.bytes_down += reply.wire_bytes
+        if reply.type == wire.ERROR:
+            raise Refused(str(reply.header.get("reason")), str(reply.header.get("detail")))
+        return reply
+
+    def close(self, reason: str | None = None) -> None:
+        with self.lock:
+            if self.sock is not None:
+                try:
+                    self.sock.close()
+                finally:
+                    self.sock = None
+                if reason:
+                    self.events.emit("disconnect", error=reason)
+
+    @property
+    def connected(self) -> bool:
+        return self.sock is not None
+
+    # ----------------------------------------------------------------- handshake
+    def _handshake(self, want_params: bool) -> wire.Frame:
+        sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            hello = wire.encode_frame(self.secret, wire.HELLO, {
+                "learner": self.learner, "nonce": self.nonce, "mode": self.mode, "want_params": want_params})
+            welcome = self._exchange(sock, hello)
+            if welcome.type != wire.WELCOME:
+                raise wire.FrameError("protocol", f"expected WELCOME, got {welcome.type}")
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.connections += 1
+        self.events.emit("connect", address=str(self.address), incarnation=welcome.header.get("incarnation"),
+                         connections=self.connections, wire_bytes=welcome.wire_bytes)
+        return welcome
+
+    def connect(self, want_params: bool, budget: float) -> wire.Frame:
+        """HELLO until it succeeds, with backoff and jitter, for at most `budget` seconds."""
+        retrying = Retrying(
+            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
+            stop=stop_any(stop_after_delay(budget), _stop_when_set(self.stop)),
+            retry=retry_if_exception_type(TRANSIENT),
+            sleep=self.stop.wait,
+            reraise=True,
+        )
+        with self.lock:
+            self.close()
+            for attempt in retrying:
+                with attempt:
+                    return self._handshake(want_params)
+        raise ConnectionError("stopped before connecting")  # pragma: no cover (tenacity reraises)
+
+    def request(self, data: bytes) -> wire.Frame:
+        """One request on the current connection. On a transport error the link is closed."""
+        with self.lock:
+            if self.sock is None:
+                raise ConnectionError("not connected")
+            try:
+                return self._exchange(self.sock, data)
+            except TRANSIENT as exc:
+                self.close(f"{type(exc).__name__}: {exc}")
+                raise

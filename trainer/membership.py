@@ -1,0 +1,100 @@
+"""Who is in the cluster: learner incarnations, heartbeat leases and data positions.
+
+A learner process presents a random nonce in HELLO. The same nonce again is a reconnect
+of the same incarnation (a network blip); a new nonce is a new process, so the
+incarnation is bumped. Incarnations, nonces and data positions are persisted by the
+syncer, so numbers are never reused across syncer restarts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Member:
+    learner: int
+    nonce: str = ""
+    incarnation: int = 0
+    position: int = 0        # data windows consumed, across incarnations
+    tokens: int = 0          # tokens reported in accepted pushes or gradients
+    alive: bool = False
+    last_seen: float = 0.0
+    conn: int | None = None  # id of the connection that currently speaks for it
+    busy: bool = False       # waiting in a sync barrier: its lease is held by the request
+
+    def persistent(self) -> dict:
+        return {"nonce": self.nonce, "incarnation": self.incarnation,
+                "position": self.position, "tokens": self.tokens}
+
+    @classmethod
+    def restore(cls, learner: int, data: dict) -> "Member":
+        return cls(learner=learner, nonce=str(data.get("nonce", "")),
+                   incarnation=int(data.get("incarnation", 0)),
+                   position=int(data.get("position", 0)), tokens=int(data.get("tokens", 0)))
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    incarnation: int
+    rejoin: bool     # a new process for a learner seen before
+    reconnect: bool  # the same process on a new connection
+
+
+class Membership:
+    """Not thread-safe on its own: the syncer calls it under its lock."""
+
+    def __init__(self, num_learners: int) -> None:
+        self.num_learners = num_learners
+        self.members: dict[int, Member] = {}
+
+    def check_learner(self, learner: int) -> str | None:
+        if not 1 <= learner <= self.num_learners:
+            return f"learner {learner} is out of range 1..{self.num_learners}"
+        return None
+
+    def join(self, learner: int, nonce: str, conn: int, now: float) -> JoinResult:
+        m = self.members.setdefault(learner, Member(learner))
+        reconnect = m.nonce == nonce and m.incarnation > 0
+        rejoin = not reconnect and m.incarnation > 0
+        if not reconnect:
+            m.incarnation += 1
+            m.nonce = nonce
+        m.alive, m.last_seen, m.conn, m.busy = True, now, conn, False
+        return JoinResult(m.incarnation, rejoin, reconnect)
+
+    def current(self, learner: int, conn: int) -> Member | None:
+        """The member if `conn` still speaks for it (a newer HELLO supersedes a connection)."""
+        m = self.members.get(learner)
+        return m if m is not None and m.conn == conn else None
+
+    def touch(self, m: Member, now: float) -> bool:
+        """Renew the lease; True if the member had been marked dead and is back."""
+        revived = not m.alive
+        m.alive, m.last_seen = True, now
+        return revived
+
+    def expire(self, now: float, timeout: float) -> list[tuple[Member, float]]:
+        """Members whose lease ran out, now marked dead, with how long they were silent."""
+        out = []
+        for m in self.members.values():
+            if m.alive and not m.busy and now - m.last_seen > timeout:
+                m.alive = False
+                out.append((m, now - m.last_seen))
+        return out
+
+    def disconnect(self, learner: int, conn: int) -> Member | None:
+        m = self.current(learner, conn)
+        if m is None:
+            return None
+        was_alive = m.alive
+        m.alive, m.conn, m.busy = False, None, False
+        return m if was_alive else None
+
+    def alive(self) -> list[Member]:
+        return [m for m in self.members.values() if m.alive]
+
+    def persistent(self) -> dict:
+        return {str(k): m.persistent() for k, m in sorted(self.members.items())}
+
+    def restore(self, data: dict) -> None:
+        self.members = {int(k): Member.restore(int(k), v) for k, v in data.items()}

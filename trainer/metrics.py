@@ -1,0 +1,92 @@
+"""Figures computed from a run's events only: goodput, tokens, bytes, losses.
+
+Goodput = merged useful tokens ÷ the tokens the learners could have processed in the
+same wall time.
+- Merged useful tokens: in decoupled mode, the tokens of every push that entered a merge,
+  weighted by the share of parameters its fragment holds (so P fragments do not count a
+  token P times); in sync mode, the tokens of every completed all-reduce round.
+- Capacity: Σ over learners of (its fault-free rate) × (wall time of the run), where a
+  learner's rate is its tokens per step over the median own compute time of a step
+  (waiting on the network excluded), scaled by its configured speed factor.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Iterable
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def learner_rates(events: Iterable[dict]) -> dict[int, float]:
+    """Fault-free tokens per second of each learner, from its own compute times."""
+    compute: dict[int, list[float]] = defaultdict(list)
+    tokens: dict[int, int] = {}
+    speed: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "inner_step" and e.get("learner") is not None:
+            compute[e["learner"]].append(float(e["compute_s"]))
+            tokens[e["learner"]] = int(e["tokens"])
+        elif e["kind"] == "process_start" and e.get("role") == "learner":
+            speed[e["learner"]] = float(e.get("speed", 1.0))
+    rates = {}
+    for learner, values in compute.items():
+        med = _median(values)
+        if med and med > 0:
+            rates[learner] = tokens[learner] / med * speed.get(learner, 1.0)
+    return rates
+
+
+def merged_tokens(events: Iterable[dict]) -> float:
+    total = 0.0
+    for e in events:
+        if e["kind"] == "merge":
+            total += sum(c["tokens"] for c in e["contributors"]) * float(e.get("fragment_share", 1.0))
+        elif e["kind"] == "sync_step":
+            total += e["tokens"]
+    return total
+
+
+def summarize(events: list[dict], num_learners: int) -> dict:
+    steps = [e for e in events if e["kind"] == "inner_step"]
+    if not steps:
+        return {"error": "no inner steps were recorded"}
+    t0, t1 = steps[0]["t"], steps[-1]["t"]
+    wall = max(t1 - t0, 1e-9)
+    rates = learner_rates(events)
+    mean_rate = statistics.fmean(rates.values()) if rates else 0.0
+    capacity = sum(rates.get(i, mean_rate) for i in range(1, num_learners + 1)) * wall
+    merged = merged_tokens(events)
+    processed = sum(e["tokens"] for e in steps)
+    merges = [e for e in events if e["kind"] == "merge"]
+    sync_steps = [e for e in events if e["kind"] == "sync_step"]
+    finals = [e for e in events if e["kind"] == "final_state"]
+    counters = finals[-1]["counters"] if finals else {}
+    wire = int(counters.get("bytes_in", 0)) + int(counters.get("bytes_out", 0))
+    last = defaultdict(list)
+    for e in steps:
+        last[e["learner"]].append(float(e["loss"]))
+    recent = [v for losses in last.values() for v in losses[-20:]]
+    starts = [e for e in events if e["kind"] == "process_start" and e.get("role") == "learner"]
+    return {
+        "wall_seconds": round(wall, 3),
+        "inner_steps": len(steps),
+        "tokens_processed": processed,
+        "tokens_merged": round(merged, 1),
+        "capacity_tokens": round(capacity, 1),
+        "goodput": round(merged / capacity, 4) if capacity > 0 else None,
+        "merges": len(merges),
+        "sync_rounds": len(sync_steps),
+        "versions": max((e["version"] for e in merges), default=0),
+        "bytes_on_wire": wire,
+        "bytes_per_token": round(wire / processed, 3) if processed else None,
+        "train_loss_recent": round(statistics.fmean(recent), 4) if recent else None,
+        "learner_rates_tokens_per_s": {str(k): round(v, 1) for k, v in sorted(rates.items())},
+        "learner_incarnations": len(starts),
+        "rejected_frames": int(counters.get("rejected_frames", 0)),
+        "dropped_stale": int(counters.get("dropped_stale", 0)),
+        "duplicates": int(counters.get("duplicates", 0)),
+        "heartbeats_lost": int(counters.get("heartbeats_lost", 0)),
+    }

@@ -1,0 +1,149 @@
+"""Durable state on local disk: atomic writes and the syncer's files.
+
+Every write goes to a temporary file in the same directory, is fsynced, renamed over the
+target and the directory is fsynced. A SIGKILL at any instant leaves either the previous
+complete file or the new complete file, never a torn one.
+
+Layout of a syncer state directory:
+
+    meta.json                      members (nonce, incarnation, data position), counters
+    fragment-<f>.safetensors       Θ_f, momentum_f; metadata: version, applied ledger
+    pending/<f>/<id>.safetensors   accepted pushes not merged yet (the write-ahead log)
+    sync.safetensors               sync mode: parameters, AdamW state and round
+
+The commit point of a merge is the rename of its fragment file, which carries the
+ledger of every applied push id. Recovery drops pending files already in that ledger,
+so an acknowledged push is applied exactly once whatever instant the process died.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+PARAM_PREFIX = "param/"
+MOMENTUM_PREFIX = "momentum/"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> int:
+    """Write `data` to `path` atomically and durably; returns the bytes written."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(target.parent)
+    return len(data)
+
+
+def atomic_write_json(path: str | os.PathLike, obj: object) -> int:
+    return atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+
+
+def read_json(path: str | os.PathLike) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> int:
+    """Atomically write tensors with JSON-encoded metadata values."""
+    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    return atomic_write_bytes(path, st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
+
+
+def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    data = Path(path).read_bytes()
+    tensors = st_load(data)
+    with safe_open(str(path), framework="pt") as fh:
+        raw = fh.metadata() or {}
+    return tensors, {k: json.loads(v) for k, v in raw.items()}
+
+
+def remove_stale_temporaries(directory: Path) -> int:
+    """Temporary files left by a process killed mid-write; they are never valid state."""
+    removed = 0
+    for tmp in directory.rglob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+class StateDir:
+    """Paths and typed reads/writes of one syncer state directory."""
+
+    def __init__(self, root: str | os.PathLike) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def meta_path(self) -> Path:
+        return self.root / "meta.json"
+
+    def fragment_path(self, index: int) -> Path:
+        return self.root / f"fragment-{index}.safetensors"
+
+    def pending_dir(self, index: int) -> Path:
+        return self.root / "pending" / str(index)
+
+    def pending_path(self, index: int, ident: str) -> Path:
+        return self.pending_dir(index) / (ident.replace(":", "-") + ".safetensors")
+
+    @property
+    def sync_path(self) -> Path:
+        return self.root / "sync.safetensors"
+
+    def write_fragment(self, index: int, params: dict[str, torch.Tensor],
+                       momentum: dict[str, torch.Tensor], version: int, applied: list[str]) -> int:
+        tensors = {PARAM_PREFIX + n: t for n, t in params.items()}
+        tensors.update({MOMENTUM_PREFIX + n: t for n, t in momentum.items()})
+        return save_tensors(self.fragment_path(index), tensors, {"version": version, "applied": applied})
+
+    def read_fragment(self, index: int):
+        """(params, momentum, version, applied) or None when this fragment was never written."""
+        path = self.fragment_path(index)
+        if not path.exists():
+            return None
+        tensors, meta = load_tensors(path)
+        params = {k[len(PARAM_PREFIX):]: v for k, v in tensors.items() if k.startswith(PARAM_PREFIX)}
+        momentum = {k[len(MOMENTUM_PREFIX):]: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
+        return params, momentum, int(meta["version"]), list(meta["applied"])
+
+    def pending_files(self, index: int) -> list[Path]:
+        directory = self.pending_dir(index)
+        return sorted(directory.glob("*.safetensors")) if directory.exists() else []
+
+    def read_params(self, num_fragments: int) -> dict[str, torch.Tensor]:
+        """The global parameters, assembled from every fragment file (for evaluation)."""
+        params: dict[str, torch.Tensor] = {}
+        for f in range(num_fragments):
+            frag = self.read_fragment(f)
+            if frag is None:
+                raise FileNotFoundError(f"{self.fragment_path(f)}: no state written for fragment {f}")
+            params.update(frag[0])
+        return params

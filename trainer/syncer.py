@@ -1,0 +1,642 @@
+"""The syncer: the outer optimizer of decoupled DiLoCo, as a TCP service.
+
+It holds the global parameters Θ split into fragments, merges pushes from whichever
+learners report (quorum K, grace window, token weights, staleness bound), and never waits
+for any one learner. In sync mode it is instead the all-reduce point of a conventional
+data-parallel baseline: every step waits for every live learner.
+
+Threads: one accept loop, one handler per connection, one merge loop and one lease
+reaper. All shared state is guarded by one condition variable; slow work (encoding,
+durable writes of a merge) happens outside it where that is safe.
+"""
+from __future__ import annotations
+
+import json
+import select
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from . import wire
+from .codec import decode
+from .config import SyncerConfig, TrainConfig
+from .events import EventLog
+from .fragments import Fragment, partition
+from .membership import Membership
+from .model import build_model
+from .outer import Contribution, OuterConfig, expected_round_tokens, merge, nesterov_step, push_id
+from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
+from .sync_state import SyncRound
+
+REPLY_DEADLINE = 30.0
+
+
+@dataclass
+class PendingPush:
+    contribution: Contribution
+    steps: int
+    encoding: str
+    path: Path
+    accepted_at: float
+
+
+@dataclass
+class FragmentState:
+    spec: Fragment
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    version: int = 0
+    applied: list[str] = field(default_factory=list)
+    applied_set: set[str] = field(default_factory=set)
+    pending: list[PendingPush] = field(default_factory=list)
+    merging: set[str] = field(default_factory=set)
+    first_pending_at: float | None = None
+
+    def known(self, ident: str) -> bool:
+        return ident in self.applied_set or ident in self.merging or any(
+            p.contribution.ident == ident for p in self.pending)
+
+
+class Refused(Exception):
+    """A well-formed frame whose request is refused; the reply is an ERROR frame."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class Syncer:
+    def __init__(self, cfg: SyncerConfig, train: TrainConfig, secret: bytes,
+                 run_dir: str | None = None) -> None:
+        self.cfg = cfg
+        self.train = train
+        self.secret = secret
+        self.outer = OuterConfig(cfg.outer_lr, cfg.outer_momentum)
+        self.events = EventLog(run_dir, "syncer")
+        self.store = StateDir(cfg.state_dir)
+        self.cond = threading.Condition()
+        self.members = Membership(train.num_learners)
+        self.counters: Counter[str] = Counter()
+        model = build_model(train.model, train.seed)
+        self.shapes = {n: p.shape for n, p in model.named_parameters()}
+        self.specs = partition(self.shapes, train.fragments)
+        self.fragment_of = {n: s.index for s in self.specs for n in s.names}
+        self.frags: list[FragmentState] = []
+        self.sync: SyncRound | None = None
+        self._running = False
+        self._threads: list[threading.Thread] = []
+        self._conn_ids = 0
+        self._conns: dict[int, socket.socket] = {}
+        self._listener: socket.socket | None = None
+        self.address: tuple[str, int] | None = None
+        self._recover(model)
+
+    # ----------------------------------------------------------------- recovery
+    def _fingerprint(self) -> dict:
+        return {"mode": self.train.mode, "model": self.train.model.to_dict(),
+                "fragments": self.train.fragments, "seed": self.train.seed}
+
+    def _recover(self, model: torch.nn.Module) -> None:
+        removed = remove_stale_temporaries(self.store.root)
+        meta = read_json(self.store.meta_path)
+        if meta is not None:
+            if meta.get("fingerprint") != self._fingerprint():
+                raise ValueError(
+                    f"state-dir {self.store.root}: holds state of a different run "
+                    f"({meta.get('fingerprint')}); use a fresh --state-dir")
+            self.members.restore(meta.get("members", {}))
+            self.counters.update(meta.get("counters", {}))
+        initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+        if self.train.mode == "sync":
+            self.sync = SyncRound.restore_or_init(self.store, model, self.train)
+            self.events.emit("state_loaded", mode="sync", round=self.sync.round,
+                             members=self.members.persistent(), removed_temporaries=removed)
+        else:
+            self._recover_fragments(initial)
+            self.events.emit("state_loaded", mode="decoupled",
+                             versions=[f.version for f in self.frags],
+                             applied={str(f.spec.index): f.applied for f in self.frags},
+                             pending=sum(len(f.pending) for f in self.frags),
+                             members=self.members.persistent(), removed_temporaries=removed)
+        self._write_meta()
+
+    def _recover_fragments(self, initial: dict[str, torch.Tensor]) -> None:
+        for spec in self.specs:
+            stored = self.store.read_fragment(spec.index)
+            if stored is None:
+                params = {n: initial[n] for n in spec.names}
+                momentum = {n: torch.zeros_like(initial[n]) for n in spec.names}
+                self.store.write_fragment(spec.index, params, momentum, 0, [])
+                frag = FragmentState(spec, params, momentum)
+            else:
+                params, momentum, version, applied = stored
+                frag = FragmentState(spec, params, momentum, version, applied, set(applied))
+            for path in self.store.pending_files(spec.index):
+                push = self._load_pending(path)
+                if push.contribution.ident in frag.applied_set:
+                    path.unlink(missing_ok=True)  # merged before the crash; never apply twice
+                else:
+                    frag.pending.append(push)
+            if frag.pending:
+                frag.first_pending_at = time.monotonic()
+            self.frags.append(frag)
+
+    def _load_pending(self, path: Path) -> PendingPush:
+        parts, meta = load_tensors(path)
+        spec = self.specs[int(meta["fragment"])]
+        delta = decode(parts, meta["encoding"], {n: self.shapes[n] for n in spec.names})
+        c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
+                         int(meta["tokens"]), int(meta["base_version"]), delta)
+        return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic())
+
+    def _write_meta(self) -> None:
+        n = atomic_write_json(self.store.meta_path, {
+            "fingerprint": self._fingerprint(),
+            "members": self.members.persistent(),
+            "counters": dict(self.counters),
+        })
+        self.counters["state_writes"] += 1
+        self.counters["state_bytes"] += n
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> tuple[str, int]:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.cfg.host, self.cfg.port))
+        sock.listen(64)
+        sock.settimeout(0.2)
+        self._listener = sock
+        self.address = sock.getsockname()[:2]
+        self._running = True
+        for target, name in ((self._accept_loop, "accept"), (self._reaper_loop, "reaper"),
+                             (self._merge_loop, "merge")):
+            t = threading.Thread(target=target, name=f"syncer-{name}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        self.events.emit("process_start", role="syncer", mode=self.train.mode,
+                         address=list(self.address), config=self.train.to_dict(),
+                         syncer={"quorum": self.cfg.quorum, "grace": self.cfg.grace,
+                                 "max_staleness": self.cfg.max_staleness,
+                                 "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum})
+        return self.address
+
+    def stop(self, reason: str = "stop") -> None:
+        """Stop serving, merge what is pending, write the final state."""
+        if not self._running:
+            return
+        self._running = False
+        if self._listener is not None:
+            self._listener.close()
+        with self.cond:
+            for sock in list(self._conns.values()):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self.cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=5.0)
+        with self.cond:
+            if self.sync is None:
+                for frag in self.frags:
+                    if frag.pending:
+                        self._merge(frag, reason="final")
+            else:
+                self.sync.checkpoint(self.store)
+            self._write_meta()
+            final = {"mode": self.train.mode, "counters": dict(self.counters),
+                     "members": self.members.persistent()}
+            if self.sync is None:
+                final["versions"] = [f.version for f in self.frags]
+                final["applied"] = {str(f.spec.index): f.applied for f in self.frags}
+                final["finite"] = all(bool(torch.isfinite(t).all()) for f in self.frags for t in f.params.values())
+            else:
+                final["round"] = self.sync.round
+            self.events.emit("final_state", **final)
+        self.events.emit("process_stop", role="syncer", reason=reason)
+        self.events.close()
+
+    # ----------------------------------------------------------------- network
+    def _accept_loop(self) -> None:
+        assert self._listener is not None
+        while self._running:
+            try:
+                sock, peer = self._listener.accept()
+            except (socket.timeout, OSError):
+                continue
+            with self.cond:
+                if len(self._conns) >= self.cfg.max_connections:
+                    self.counters["refused_connections"] += 1
+                    sock.close()
+                    continue
+                self._conn_ids += 1
+                conn_id = self._conn_ids
+                self._conns[conn_id] = sock
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._serve_connection, args=(sock, conn_id, peer),
+                             name=f"syncer-conn-{conn_id}", daemon=True).start()
+
+    def _serve_connection(self, sock: socket.socket, conn_id: int, peer: tuple) -> None:
+        learner: int | None = None
+        reason = "closed"
+        try:
+            while self._running:
+                frame = wire.read_frame(sock, self.secret, time.monotonic() + self.cfg.idle_timeout,
+                                        self.cfg.max_payload)
+                self.counters["bytes_in"] += frame.wire_bytes
+                if learner is None and frame.type != wire.HELLO:
+                    raise wire.FrameError("protocol", f"first frame must be HELLO, got {frame.type!r}")
+                try:
+                    reply, learner = self._dispatch(frame, conn_id, learner, sock)
+                except Refused as exc:
+                    self._reject(exc.reason, exc.detail, learner, peer)
+                    reply = wire.encode_frame(self.secret, wire.ERROR, {"reason": exc.reason, "detail": exc.detail})
+                    wire.send_all(sock, reply, time.monotonic() + REPLY_DEADLINE)
+                    reason = f"refused: {exc.reason}"
+                    break
+                if reply is None:  # superseded by a newer connection of the same learner
+                    reason = "superseded"
+                    break
+                self.counters["bytes_out"] += len(reply)
+                wire.send_all(sock, reply, time.monotonic() + REPLY_DEADLINE)
+                if frame.type == wire.BYE:
+                    reason = "bye"
+                    break
+        except wire.PeerClosed:
+            reason = "peer closed"
+        except wire.FrameError as exc:
+            self._reject(exc.reason, exc.detail, learner, peer)
+            reason = f"refused: {exc.reason}"
+            try:
+                err = wire.encode_frame(self.secret, wire.ERROR, {"reason": exc.reason, "detail": exc.detail})
+                wire.send_all(sock, err, time.monotonic() + 1.0)
+            except OSError:
+                pass
+        except (wire.DeadlineExceeded, OSError) as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+        finally:
+            sock.close()
+            with self.cond:
+                self._conns.pop(conn_id, None)
+                if learner is not None:
+                    m = self.members.disconnect(learner, conn_id)
+                    if m is not None:
+                        self.events.emit("leave", learner=learner, incarnation=m.incarnation, reason=reason)
+                self.cond.notify_all()
+
+    def _reject(self, reason: str, detail: str, learner: int | None, peer: tuple) -> None:
+        with self.cond:
+            self.counters[f"rejected_{reason}"] += 1
+            self.counters["rejected_frames"] += 1
+        self.events.emit("frame_rejected", reason=reason, detail=detail, from_learner=learner,
+                         peer=f"{peer[0]}:{peer[1]}")
+
+    def _dispatch(self, frame: wire.Frame, conn_id: int, learner: int | None,
+                  sock: socket.socket) -> tuple[bytes | None, int | None]:
+        if frame.type == wire.HELLO:
+            return self._on_hello(frame, conn_id), wire.header_int(frame.header, "learner", 1)
+        assert learner is not None
+        with self.cond:
+            m = self.members.current(learner, conn_id)
+            if m is None:
+                return None, learner
+            if self.members.touch(m, time.monotonic()):
+                self.events.emit("join", learner=learner, incarnation=m.incarnation, rejoin=False,
+                                 reason="lease renewed")
+        handlers = {wire.HEARTBEAT: self._on_heartbeat, wire.PUSH: self._on_push,
+                    wire.PULL: self._on_pull, wire.BYE: self._on_bye}
+        if frame.type == wire.GRAD:
+            return self._on_grad(frame, learner, conn_id, sock), learner
+        if frame.type not in handlers:
+            raise wire.FrameError("protocol", f"unexpected frame type {frame.type!r}")
+        return handlers[frame.type](frame, learner), learner
+
+    def _reply(self, ftype: str, header: dict, tensors: dict[str, torch.Tensor] | None = None) -> bytes:
+        return wire.encode_frame(self.secret, ftype, header, tensors)
+
+    def _versions(self) -> list[int]:
+        return [f.version for f in self.frags]
+
+    # ----------------------------------------------------------------- handlers
+    def _on_hello(self, frame: wire.Frame, conn_id: int) -> bytes:
+        h = frame.header
+        learner = wire.header_int(h, "learner", 1)
+        nonce = wire.header_str(h, "nonce")
+        mode = wire.header_str(h, "mode")
+        if mode != self.train.mode:
+            raise Refused("mode_mismatch", f"syncer runs in {self.train.mode} mode, learner asked for {mode}")
+        problem = self.members.check_learner(learner)
+        if problem:
+            raise Refused("bad_learner", problem)
+        want_params = bool(h.get("want_params", True))
+        with self.cond:
+            joined = self.members.join(learner, nonce, conn_id, time.monotonic())
+            self._write_meta()  # incarnation numbers are never reused, even after a crash
+            m = self.members.members[learner]
+            header = {"learner": learner, "incarnation": joined.incarnation, "rejoin": joined.rejoin,
+                      "position": m.position, "config": self.train.to_dict(),
+                      "fragments": [list(s.names) for s in self.specs]}
+            if self.sync is None:
+                header["versions"] = self._versions()
+                tensors = {n: t.clone() for f in self.frags for n, t in f.params.items()} if want_params else None
+            else:
+                header["round"] = self.sync.round
+                header["adam_step"] = self.sync.adam_step()
+                tensors = self.sync.state_tensors() if want_params else None
+            self.cond.notify_all()
+        self.events.emit("join", learner=learner, incarnation=joined.incarnation, rejoin=joined.rejoin,
+                         reconnect=joined.reconnect, position=m.position)
+        return self._reply(wire.WELCOME, header, tensors)
+
+    def _on_heartbeat(self, frame: wire.Frame, learner: int) -> bytes:
+        with self.cond:
+            header = {"versions": self._versions(), "alive": len(self.members.alive())}
+            if self.sync is not None:
+                header["round"] = self.sync.round
+        return self._reply(wire.BEAT, header)
+
+    def _on_bye(self, frame: wire.Frame, learner: int) -> bytes:
+        return self._reply(wire.ACK, {"status": "bye"})
+
+    def _on_pull(self, frame: wire.Frame, learner: int) -> bytes:
+        if self.sync is not None:
+            raise Refused("protocol", "PULL is for decoupled mode")
+        index = wire.header_int(frame.header, "fragment")
+        if index >= len(self.frags):
+            raise Refused("bad_fragment", f"fragment {index} does not exist (0..{len(self.frags) - 1})")
+        with self.cond:
+            frag = self.frags[index]
+            header = {"fragment": index, "version": frag.version}
+            tensors = {n: t.clone() for n, t in frag.params.items()}
+        return self._reply(wire.FRAGMENT, header, tensors)
+
+    def _on_push(self, frame: wire.Frame, learner: int) -> bytes:
+        if self.sync is not None:
+            raise Refused("protocol", "PUSH is for decoupled mode")
+        h = frame.header
+        index = wire.header_int(h, "fragment")
+        if index >= len(self.frags):
+            raise Refused("bad_fragment", f"fragment {index} does not exist (0..{len(self.frags) - 1})")
+        incarnation = wire.header_int(h, "incarnation", 1)
+        seq = wire.header_int(h, "seq", 1)
+        base_version = wire.header_int(h, "base_version")
+        tokens = wire.header_int(h, "tokens")
+        steps = wire.header_int(h, "steps")
+        position = wire.header_int(h, "position")
+        encoding = wire.header_str(h, "encoding")
+        spec = self.specs[index]
+        try:
+            delta = decode(frame.tensors(), encoding, {n: self.shapes[n] for n in spec.names})
+        except ValueError as exc:
+            raise wire.FrameError("bad_tensor", str(exc)) from exc
+        ident = push_id(learner, incarnation, seq)
+        with self.cond:
+            m = self.members.members[learner]
+            if incarnation != m.incarnation:
+                raise Refused("bad_incarnation", f"push from incarnation {incarnation}, current is {m.incarnation}")
+            frag = self.frags[index]
+            if frag.known(ident):
+                self.counters["duplicates"] += 1
+                status = "duplicate"
+            elif frag.version - base_version > self.cfg.max_staleness:
+                self.counters["dropped_stale"] += 1
+                status = "stale"
+            else:
+                status = "accepted"
+                frag.merging.add(ident)  # reserve the id while its file is written
+            version = frag.version
+        if status == "accepted":
+            contribution = Contribution(learner, incarnation, seq, tokens, base_version, delta)
+            path = self.store.pending_path(index, ident)
+            meta = {"fragment": index, "learner": learner, "incarnation": incarnation, "seq": seq,
+                    "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding}
+            try:
+                nbytes = save_tensors(path, frame.tensors(), meta)
+            finally:
+                with self.cond:
+                    frag.merging.discard(ident)
+            with self.cond:
+                version = frag.version  # the next merge of this fragment will include this push
+                frag.pending.append(PendingPush(contribution, steps, encoding, path, time.monotonic()))
+                if frag.first_pending_at is None:
+                    frag.first_pending_at = time.monotonic()
+                m.position = max(m.position, position)
+                m.tokens += tokens
+                self.counters["accepted"] += 1
+                self._write_meta()
+                self.cond.notify_all()
+            self.events.emit("push_accepted", learner=learner, incarnation=incarnation, seq=seq, id=ident,
+                             fragment=index, base_version=base_version, version=version, tokens=tokens,
+                             steps=steps, encoding=encoding, wire_bytes=frame.wire_bytes, state_bytes=nbytes)
+        elif status == "duplicate":
+            self.events.emit("push_duplicate", learner=learner, incarnation=incarnation, seq=seq, id=ident,
+                             fragment=index)
+        else:
+            self.events.emit("push_dropped", learner=learner, incarnation=incarnation, seq=seq, id=ident,
+                             fragment=index, reason="stale", staleness=version - base_version,
+                             max_staleness=self.cfg.max_staleness, tokens=tokens)
+        with self.cond:
+            versions = self._versions()
+        return self._reply(wire.ACK, {"seq": seq, "fragment": index, "status": status, "version": version,
+                                      "versions": versions})
+
+    def _on_grad(self, frame: wire.Frame, learner: int, conn_id: int, sock: socket.socket) -> bytes | None:
+        if self.sync is None:
+            raise Refused("protocol", "GRAD is for sync mode")
+        h = frame.header
+        rnd = wire.header_int(h, "round")
+        tokens = wire.header_int(h, "tokens")
+        position = wire.header_int(h, "position")
+        try:
+            grads = decode(frame.tensors(), "fp32", self.shapes)
+        except ValueError as exc:
+            raise wire.FrameError("bad_tensor", str(exc)) from exc
+        with self.cond:
+            m = self.members.current(learner, conn_id)
+            if m is None:
+                return None
+            m.position = max(m.position, position)
+            if rnd != self.sync.round:
+                self.counters["resyncs"] += 1
+                header = {"round": self.sync.round, "resync": True, "adam_step": self.sync.adam_step()}
+                return self._reply(wire.MEAN, header, self.sync.state_tensors())
+            self.sync.submit(learner, grads, tokens)
+            m.busy = True
+            deadline = time.monotonic() + self.cfg.idle_timeout
+            try:
+                while self.sync.round == rnd:
+                    self._maybe_complete_round()
+                    if self.sync.round != rnd:
+                        break
+                    if not self._running or time.monotonic() > deadline:
+                        raise wire.DeadlineExceeded(f"round {rnd} did not complete")
+                    self.cond.wait(0.05)
+                    if _peer_closed(sock):
+                        raise wire.PeerClosed("learner closed while waiting in the barrier")
+            finally:
+                m.busy = False
+                m.last_seen = time.monotonic()
+            mean = self.sync.mean_of(rnd)
+            m.tokens += tokens
+            if mean is None:  # evicted and overtaken meanwhile: hand over the current state
+                self.counters["resyncs"] += 1
+                header = {"round": self.sync.round, "resync": True, "adam_step": self.sync.adam_step()}
+                return self._reply(wire.MEAN, header, self.sync.state_tensors())
+        return self._reply(wire.MEAN, {"round": rnd, "resync": False}, mean)
+
+    def _maybe_complete_round(self) -> None:
+        """Sync mode, under the lock: reduce once every live learner has submitted."""
+        assert self.sync is not None
+        alive = {m.learner for m in self.members.alive()}
+        if not self.sync.ready(alive):
+            return
+        started = time.monotonic()
+        info = self.sync.complete(self.train)
+        self.events.emit("sync_step", round=info["round"], contributors=info["contributors"],
+                         tokens=info["tokens"], seconds=time.monotonic() - started)
+        if self.sync.round % self.cfg.sync_checkpoint_every == 0:
+            nbytes, seconds = self.sync.checkpoint(self.store)
+            self.events.emit("state_write", what="sync", bytes=nbytes, seconds=seconds, round=self.sync.round)
+        self.cond.notify_all()
+
+    # ----------------------------------------------------------------- leases
+    def _reaper_loop(self) -> None:
+        interval = self.train.heartbeat_interval / 2
+        while self._running:
+            time.sleep(interval)
+            with self.cond:
+                for m, silent in self.members.expire(time.monotonic(), self.train.heartbeat_timeout):
+                    self.counters["heartbeats_lost"] += 1
+                    self.events.emit("heartbeat_lost", learner=m.learner, incarnation=m.incarnation,
+                                     silent_for=round(silent, 3))
+                    self.cond.notify_all()
+
+    # ----------------------------------------------------------------- merging
+    def _effective_quorum(self) -> int:
+        alive = len(self.members.alive())
+        k = self.cfg.quorum if self.cfg.quorum > 0 else alive
+        return max(1, min(k, alive) if alive else 1)
+
+    def _ready(self, frag: FragmentState, now: float) -> str | None:
+        if not frag.pending or frag.first_pending_at is None:
+            return None
+        reporters = {p.contribution.learner for p in frag.pending}
+        if len(reporters) >= self._effective_quorum():
+            return "quorum"
+        if now - frag.first_pending_at >= self.cfg.grace:
+            return "grace"
+        return None
+
+    def _merge_loop(self) -> None:
+        if self.sync is not None:
+            return
+        while self._running:
+            with self.cond:
+                self.cond.wait(0.05)
+                now = time.monotonic()
+                for frag in self.frags:
+                    why = self._ready(frag, now)
+                    if why and self._running:
+                        self._merge(frag, reason=why)
+
+    def _merge(self, frag: FragmentState, reason: str) -> None:
+        """Apply one outer step to a fragment. Called under the lock, which it releases
+        while the new state is written.
+
+        The durable write of the new fragment file is the commit point: only after it
+        are the pending files deleted and the new version served. Pushes accepted during
+        the write stay pending for the next merge.
+        """
+        started = time.monotonic()
+        taken = list(frag.pending)
+        frag.pending = []
+        frag.first_pending_at = None
+        contribs = [p.contribution for p in taken]
+        frag.merging.update(c.ident for c in contribs)
+        live = len(self.members.alive())
+        expected = expected_round_tokens(contribs, live)
+        delta, weights = merge(contribs, expected)
+        params = {n: t.clone() for n, t in frag.params.items()}
+        momentum = {n: t.clone() for n, t in frag.momentum.items()}
+        nesterov_step(params, momentum, delta, self.outer)
+        finite = all(bool(torch.isfinite(t).all()) for t in params.values())
+        if not finite:
+            self.counters["nonfinite_merges"] += 1
+        applied = frag.applied + [c.ident for c in contribs]
+        version = frag.version + 1
+        self.cond.release()
+        try:
+            write_started = time.monotonic()
+            nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied)
+            write_seconds = time.monotonic() - write_started
+        except BaseException:
+            self.cond.acquire()
+            frag.pending = taken + frag.pending  # nothing was committed: keep them pending
+            frag.first_pending_at = frag.first_pending_at or time.monotonic()
+            frag.merging.difference_update(c.ident for c in contribs)
+            raise
+        self.cond.acquire()
+        frag.params, frag.momentum = params, momentum
+        frag.version = version
+        frag.applied = applied
+        frag.applied_set.update(c.ident for c in contribs)
+        frag.merging.difference_update(c.ident for c in contribs)
+        for p in taken:
+            p.path.unlink(missing_ok=True)
+        self.counters["merges"] += 1
+        self.events.emit(
+            "merge", fragment=frag.spec.index, version=version, reason=reason,
+            quorum=self._effective_quorum(), alive=[m.learner for m in self.members.alive()],
+            contributors=[{"id": c.ident, "learner": c.learner, "incarnation": c.incarnation, "seq": c.seq,
+                           "tokens": c.tokens, "base_version": c.base_version,
+                           "staleness": version - 1 - c.base_version, "weight": round(weights[c.learner], 4)}
+                          for c in contribs],
+            tokens=sum(c.tokens for c in contribs), expected_tokens=expected,
+            fragment_share=frag.spec.numel / sum(s.numel for s in self.specs),
+            finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))
+        self.events.emit("state_write", what=f"fragment-{frag.spec.index}", bytes=nbytes,
+                         seconds=round(write_seconds, 4), version=version)
+        self.cond.notify_all()
+
+
+def _peer_closed(sock: socket.socket) -> bool:
+    """True if the peer closed its side (EOF is readable without blocking).
+
+    select() first: a Python socket with a timeout polls for up to that timeout inside
+    recv(), whatever MSG_DONTWAIT says, and this is called with the lock held.
+    """
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        if not readable:
+            return False
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except (OSError, ValueError):
+        return True
+
+
+def write_address_file(path: str | Path, host: str, port: int) -> None:
+    atomic_write_json(path, {"host": host, "port": port})
+
+
+def serve(cfg: SyncerConfig, train: TrainConfig, secret: bytes, run_dir: str | None,
+          address_file: str | None) -> int:
+    """Run a syncer until SIGTERM or SIGINT, then stop cleanly."""
+    syncer = Syncer(cfg, train, secret, run_dir)
+    host, port = syncer.start()
+    if address_file:
+        write_address_file(address_file, host, port)
+    print(json.dumps({"syncer": f"{host}:{port}", "mode": train.mode}), flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    syncer.stop(reason="signal")
+    return 0
