@@ -1,8 +1,7 @@
 """Fragments: the units of synchronisation (Streaming DiLoCo).
 
-Parameters are split into P fragments balanced by parameter count. Fragment f falls due
-every H inner steps, offset by f*H/P, so the exchanges are staggered. P=1 is plain
-DiLoCo. The partition depends only on the model's parameter names and shapes, so the
+Parameters are split into P fragments balanced by parameter count, each synchronised
+every H inner steps on its own staggered clock. P=1 is plain DiLoCo. The partition depends only on the model's parameter names and shapes, so the
 syncer and every learner compute the same one; the syncer still sends it in WELCOME so
 that a learner never guesses.
 """
@@ -39,12 +38,27 @@ def partition(shapes: dict[str, torch.Size], num_fragments: int) -> list[Fragmen
     ]
 
 
-def due_fragments(step: int, sync_every: int, num_fragments: int) -> list[int]:
-    """Fragments whose exchange starts after inner step `step` (1-based step count)."""
-    if step <= 0:
-        return []
-    offset = sync_every // num_fragments
-    return [f for f in range(num_fragments) if (step - f * offset) % sync_every == 0 and step >= f * offset]
+class FragmentClock:
+    """When each fragment falls due: H inner steps after the learner last synchronised it.
+
+    Fragment f first falls due at step (f+1)·H/P, which staggers the fragments. After a
+    push at step t the next one is due at t+H; after adopting a new global version at
+    step a it is due at a+H. Counting from the adoption keeps learners of equal speed in
+    phase: all adopt right after a merge, so their next pushes arrive together and merge
+    together, as one DiLoCo round, instead of drifting into partial merges.
+    """
+
+    def __init__(self, sync_every: int, num_fragments: int) -> None:
+        self.sync_every = sync_every
+        stride = sync_every // num_fragments
+        self.next_due = [(f + 1) * stride for f in range(num_fragments)]
+
+    def due(self, step: int) -> list[int]:
+        return [f for f, due in enumerate(self.next_due) if step >= due]
+
+    def synced(self, fragment: int, step: int) -> None:
+        """A push or an adoption of `fragment` happened at `step`."""
+        self.next_due[fragment] = step + self.sync_every
 
 
 def validate_schedule(sync_every: int, num_fragments: int, overlap: int) -> None:

@@ -23,7 +23,7 @@ from .codec import encode
 from .config import TrainConfig
 from .data import Corpus, ShardSampler
 from .events import EventLog
-from .fragments import due_fragments
+from .fragments import FragmentClock
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
 from .model import build_model
 from .pushes import OutgoingPush, PushQueue
@@ -159,6 +159,7 @@ class Learner:
         tokens_since = [0] * len(self.fragment_names)
         steps_since = [0] * len(self.fragment_names)
         last_push_step = [0] * len(self.fragment_names)
+        clock = FragmentClock(cfg.sync_every, cfg.fragments)
         seq = 0
         worker = threading.Thread(target=self._network_loop, name="learner-net", daemon=True)
         worker.start()
@@ -174,13 +175,14 @@ class Learner:
                                         self.sampler.position, delta, created_step=step))
             tokens_since[f] = steps_since[f] = 0
             last_push_step[f] = step
+            clock.synced(f, step)
 
         while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
             if self.fatal:
                 raise self.fatal
             for f in self.inbox.fragments():
-                if step >= last_push_step[f] + cfg.overlap:
-                    self._adopt(f, refs, tokens_since, steps_since)
+                if step >= last_push_step[f] + cfg.overlap and self._adopt(f, refs, tokens_since, steps_since):
+                    clock.synced(f, step)
             loss, started = self._inner_step()
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
@@ -193,7 +195,7 @@ class Learner:
             self.events.emit("inner_step", step=step, loss=loss, tokens=cfg.tokens_per_step,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
                              position=self.sampler.position)
-            for f in due_fragments(step, cfg.sync_every, cfg.fragments):
+            for f in clock.due(step):
                 push(f)
             self._throttle(compute_s)
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
@@ -207,15 +209,16 @@ class Learner:
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
 
-    def _adopt(self, f: int, refs: dict, tokens_since: list[int], steps_since: list[int]) -> None:
+    def _adopt(self, f: int, refs: dict, tokens_since: list[int], steps_since: list[int]) -> bool:
+        """Adopt the awaited global version of fragment f if it has arrived."""
         with self._versions_lock:
             target = self.targets[f]
             if target is None or self.inbox.version(f) < target:
-                return
+                return False
             item = self.inbox.take(f)
             self.targets[f] = None
         if item is None or item[0] <= self.adopted_versions[f]:
-            return
+            return False
         version, tensors = item
         alpha = self.cfg.alpha
         with torch.no_grad():
@@ -229,6 +232,7 @@ class Learner:
         with self._versions_lock:
             self.adopted_versions[f] = version
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation)
+        return True
 
     def _network_loop(self) -> None:
         """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""

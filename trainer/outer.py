@@ -6,19 +6,20 @@ with p.grad = Δ, written out so its momentum lives in our durable state files:
     buf ← μ·buf + Δ          (buf starts at 0, so the first buf is Δ, as in torch)
     p   ← p − lr·(Δ + μ·buf)
 
-Merging: pushes from the same learner in one merge are summed (they are consecutive
-increments of its progress, so together they are its progress since it last adopted the
-global parameters) and learners are weighted by the tokens they really processed:
+Merging is a token-weighted average of pushes. Push i carries Δ_i, the progress its
+learner made over s_i inner steps on T_i tokens. A push spanning more than one round
+(the learner's queue coalesced pushes while the syncer was unreachable) is scaled back
+to one round's worth, g_i = Δ_i / max(1, s_i / H), so it counts as the r_i rounds it is,
+not as one giant step. Then
 
-    Δ = Σ_l (T_l / Σ_k T_k) · Δ_l
+    Δ = Σ_i w_i · g_i,    w_i = T_i / max(Σ_k T_k, L · T_round)
 
-A learner that processed more tokens moved further on more data and counts more. An
-absent learner contributes nothing but still counts in the denominator (weight 0, as in
-Decoupled DiLoCo): the sum is normalised by max(Σ_k T_k, expected), where `expected` is
-the tokens a full round of the live learners would bring. So a merge that only one of
-three live learners made in time moves Θ a third as far, and the outer step per round
-stays the same whether the pushes of a round arrive together or one by one. If every
-token count is 0 the learners weigh equally.
+where T_round = H × tokens per step and L is the number of live learners. A learner that
+processed more tokens counts more. An absent learner contributes nothing but still
+counts in the denominator (weight 0, as in Decoupled DiLoCo), so a merge that only one of
+three live learners made in time moves Θ a third as far; the outer step per round stays
+the same whether a round's pushes arrive together or one by one. If every token count
+is 0 the pushes weigh equally.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class Contribution:
     tokens: int
     base_version: int
     delta: dict[str, torch.Tensor] = field(repr=False)
+    steps: int = 0
 
     @property
     def ident(self) -> str:
@@ -69,39 +71,33 @@ def push_id(learner: int, incarnation: int, seq: int) -> str:
     return f"{learner}:{incarnation}:{seq}"
 
 
-def merge_weights(contribs: list[Contribution], expected_tokens: float = 0.0) -> dict[int, float]:
-    """Per-learner weights T_l / max(Σ T, expected), or equal weights when no tokens were reported."""
-    tokens: dict[int, int] = {}
-    for c in contribs:
-        tokens[c.learner] = tokens.get(c.learner, 0) + max(0, c.tokens)
-    total = sum(tokens.values())
+def merge_weights(contribs: list[Contribution], expected_tokens: float = 0.0) -> list[float]:
+    """w_i = T_i / max(Σ T, expected), or equal weights when no tokens were reported."""
+    tokens = [max(0, c.tokens) for c in contribs]
+    total = sum(tokens)
     if total <= 0:
-        return {learner: 1.0 / len(tokens) for learner in tokens}
+        return [1.0 / len(contribs)] * len(contribs)
     denominator = max(float(total), expected_tokens)
-    return {learner: t / denominator for learner, t in tokens.items()}
+    return [t / denominator for t in tokens]
 
 
-def expected_round_tokens(contribs: list[Contribution], live_learners: int) -> float:
-    """Tokens a full round would bring: live learners × the median tokens of one learner's push."""
-    per_learner: dict[int, int] = {}
-    for c in contribs:
-        per_learner[c.learner] = per_learner.get(c.learner, 0) + max(0, c.tokens)
-    values = sorted(per_learner.values())
-    median = values[len(values) // 2] if values else 0
-    return float(max(live_learners, len(per_learner)) * median)
+def round_scale(steps: int, sync_every: int) -> float:
+    """1 / (rounds a push spans): a coalesced push of 2H steps counts as two rounds."""
+    return 1.0 / max(1.0, steps / sync_every) if sync_every > 0 else 1.0
 
 
-def merge(contribs: list[Contribution], expected_tokens: float = 0.0) -> tuple[dict[str, torch.Tensor], dict[int, float]]:
-    """The token-weighted pseudo-gradient and the weights used."""
+def merge(contribs: list[Contribution], expected_tokens: float = 0.0,
+          sync_every: int = 0) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The merged pseudo-gradient and the weight of each push."""
     if not contribs:
         raise ValueError("merge needs at least one contribution")
     weights = merge_weights(contribs, expected_tokens)
     out: dict[str, torch.Tensor] = {}
-    for c in contribs:
-        w = weights[c.learner]
+    for c, w in zip(contribs, weights):
+        scale = w * round_scale(c.steps, sync_every)
         for name, d in c.delta.items():
             if name in out:
-                out[name].add_(d, alpha=w)
+                out[name].add_(d, alpha=scale)
             else:
-                out[name] = d.mul(w)
+                out[name] = d.mul(scale)
     return out, weights

@@ -30,7 +30,7 @@ from .events import EventLog
 from .fragments import Fragment, partition
 from .membership import Membership
 from .model import build_model
-from .outer import Contribution, OuterConfig, expected_round_tokens, merge, nesterov_step, push_id
+from .outer import Contribution, OuterConfig, merge, nesterov_step, push_id
 from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
 from .sync_state import SyncRound
 
@@ -56,7 +56,20 @@ class FragmentState:
     applied_set: set[str] = field(default_factory=set)
     pending: list[PendingPush] = field(default_factory=list)
     merging: set[str] = field(default_factory=set)
-    first_pending_at: float | None = None
+    merge_times: list[float] = field(default_factory=list)
+
+    def fresh_since(self) -> float | None:
+        """When the first push based on the current version arrived: the grace window's start."""
+        times = [p.accepted_at for p in self.pending if p.contribution.base_version >= self.version]
+        return min(times) if times else None
+
+    def oldest_since(self) -> float | None:
+        return min((p.accepted_at for p in self.pending), default=None)
+
+    def round_period(self) -> float | None:
+        """Median time between recent merges of this fragment."""
+        gaps = sorted(b - a for a, b in zip(self.merge_times, self.merge_times[1:]))
+        return gaps[len(gaps) // 2] if gaps else None
 
     def known(self, ident: str) -> bool:
         return ident in self.applied_set or ident in self.merging or any(
@@ -144,8 +157,6 @@ class Syncer:
                     path.unlink(missing_ok=True)  # merged before the crash; never apply twice
                 else:
                     frag.pending.append(push)
-            if frag.pending:
-                frag.first_pending_at = time.monotonic()
             self.frags.append(frag)
 
     def _load_pending(self, path: Path) -> PendingPush:
@@ -153,7 +164,7 @@ class Syncer:
         spec = self.specs[int(meta["fragment"])]
         delta = decode(parts, meta["encoding"], {n: self.shapes[n] for n in spec.names})
         c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
-                         int(meta["tokens"]), int(meta["base_version"]), delta)
+                         int(meta["tokens"]), int(meta["base_version"]), delta, int(meta["steps"]))
         return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic())
 
     def _write_meta(self) -> None:
@@ -413,7 +424,7 @@ class Syncer:
                 frag.merging.add(ident)  # reserve the id while its file is written
             version = frag.version
         if status == "accepted":
-            contribution = Contribution(learner, incarnation, seq, tokens, base_version, delta)
+            contribution = Contribution(learner, incarnation, seq, tokens, base_version, delta, steps)
             path = self.store.pending_path(index, ident)
             meta = {"fragment": index, "learner": learner, "incarnation": incarnation, "seq": seq,
                     "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding}
@@ -425,8 +436,6 @@ class Syncer:
             with self.cond:
                 version = frag.version  # the next merge of this fragment will include this push
                 frag.pending.append(PendingPush(contribution, steps, encoding, path, time.monotonic()))
-                if frag.first_pending_at is None:
-                    frag.first_pending_at = time.monotonic()
                 m.position = max(m.position, position)
                 m.tokens += tokens
                 self.counters["accepted"] += 1
@@ -525,13 +534,28 @@ class Syncer:
         return max(1, min(k, alive) if alive else 1)
 
     def _ready(self, frag: FragmentState, now: float) -> str | None:
-        if not frag.pending or frag.first_pending_at is None:
+        """Why this fragment should merge now, or None.
+
+        Quorum: pushes from K distinct learners are pending. Grace: the first push based
+        on the current version has waited `grace` seconds. A push that is late for its
+        round (based on an older version) does not open a grace window of its own: it
+        waits to be merged with the next round's pushes, so a late learner falls back
+        into step with the others instead of settling into a merge of its own every
+        round. Only if no fresh push comes (its peers are gone) does it merge alone,
+        after max(5·grace, 1.5 rounds).
+        """
+        if not frag.pending:
             return None
         reporters = {p.contribution.learner for p in frag.pending}
         if len(reporters) >= self._effective_quorum():
             return "quorum"
-        if now - frag.first_pending_at >= self.cfg.grace:
+        fresh = frag.fresh_since()
+        if fresh is not None and now - fresh >= self.cfg.grace:
             return "grace"
+        oldest = frag.oldest_since()
+        period = frag.round_period() or 0.0
+        if fresh is None and oldest is not None and now - oldest >= max(5 * self.cfg.grace, 1.5 * period):
+            return "late"
         return None
 
     def _merge_loop(self) -> None:
@@ -557,12 +581,11 @@ class Syncer:
         started = time.monotonic()
         taken = list(frag.pending)
         frag.pending = []
-        frag.first_pending_at = None
         contribs = [p.contribution for p in taken]
         frag.merging.update(c.ident for c in contribs)
         live = len(self.members.alive())
-        expected = expected_round_tokens(contribs, live)
-        delta, weights = merge(contribs, expected)
+        expected = float(live * self.train.sync_every * self.train.tokens_per_step)
+        delta, weights = merge(contribs, expected, self.train.sync_every)
         params = {n: t.clone() for n, t in frag.params.items()}
         momentum = {n: t.clone() for n, t in frag.momentum.items()}
         nesterov_step(params, momentum, delta, self.outer)
@@ -579,12 +602,12 @@ class Syncer:
         except BaseException:
             self.cond.acquire()
             frag.pending = taken + frag.pending  # nothing was committed: keep them pending
-            frag.first_pending_at = frag.first_pending_at or time.monotonic()
             frag.merging.difference_update(c.ident for c in contribs)
             raise
         self.cond.acquire()
         frag.params, frag.momentum = params, momentum
         frag.version = version
+        frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
         frag.applied = applied
         frag.applied_set.update(c.ident for c in contribs)
         frag.merging.difference_update(c.ident for c in contribs)
@@ -596,8 +619,8 @@ class Syncer:
             quorum=self._effective_quorum(), alive=[m.learner for m in self.members.alive()],
             contributors=[{"id": c.ident, "learner": c.learner, "incarnation": c.incarnation, "seq": c.seq,
                            "tokens": c.tokens, "base_version": c.base_version,
-                           "staleness": version - 1 - c.base_version, "weight": round(weights[c.learner], 4)}
-                          for c in contribs],
+                           "staleness": version - 1 - c.base_version, "weight": round(w, 4), "steps": c.steps}
+                          for c, w in zip(contribs, weights)],
             tokens=sum(c.tokens for c in contribs), expected_tokens=expected,
             fragment_share=frag.spec.numel / sum(s.numel for s in self.specs),
             finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))

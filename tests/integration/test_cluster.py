@@ -1,0 +1,160 @@
+"""The trainer as real processes on 127.0.0.1: training, learner and syncer crashes, bad frames."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from trainer import wire
+from trainer.codec import encode
+from trainer.config import TrainConfig
+from trainer.data import load_corpus
+from trainer.launch import evaluate, final_parameters
+from trainer.model import build_model
+
+from .cluster_helpers import contributed, make_cluster, merges, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+def test_three_learners_train_below_unigram_entropy(run_dir: Path) -> None:
+    cluster = make_cluster(run_dir)
+    try:
+        wait_for(run_dir, "every learner to make 150 inner steps",
+                 lambda ev: all(sum(1 for e in ev if e["kind"] == "inner_step" and e["learner"] == i) >= 150
+                                for i in (1, 2, 3)), timeout=150, cluster=cluster)
+    finally:
+        cluster.stop()
+    events = wait_for(run_dir, "the syncer's final state", lambda ev: any(e["kind"] == "final_state" for e in ev), 10)
+    corpus = load_corpus("markov")
+    train = TrainConfig(num_learners=3)
+    loss = evaluate(final_parameters(run_dir, train), train, corpus)
+    assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram {corpus.unigram_entropy:.3f}"
+    contributors = {c["learner"] for e in merges(events) for c in e["contributors"]}
+    assert contributors == {1, 2, 3}, f"merges had contributions from {contributors} only"
+
+
+def test_killed_learner_rejoins_and_contributes_again(run_dir: Path) -> None:
+    cluster = make_cluster(run_dir)
+    try:
+        wait_for(run_dir, "learner-2 to contribute to a merge", lambda ev: contributed(ev, 2, 1), 120, cluster)
+        cluster.learners[2].popen.send_signal(signal.SIGKILL)
+        cluster.learners[2].popen.wait(timeout=10)
+        killed_at = time.monotonic()
+        wait_for(run_dir, "the syncer to notice learner-2 is gone",
+                 lambda ev: any(e["kind"] in ("leave", "heartbeat_lost") and e["learner"] == 2 and e["t"] > killed_at - 0.5
+                                for e in ev), 15, cluster)
+        events = wait_for(run_dir, "merges to go on without learner-2",
+                          lambda ev: any(e["t"] > killed_at for e in merges(ev)), 30, cluster)
+        cluster.start_learner(2)
+        events = wait_for(run_dir, "learner-2 to rejoin as incarnation 2",
+                          lambda ev: any(e["kind"] == "join" and e["learner"] == 2 and e.get("rejoin")
+                                         and e["incarnation"] == 2 for e in ev), 60, cluster)
+        events = wait_for(run_dir, "learner-2 incarnation 2 to contribute a merged update",
+                          lambda ev: contributed(ev, 2, 2), 60, cluster)
+    finally:
+        cluster.stop()
+    start = [e for e in events if e["kind"] == "process_start" and e.get("role") == "learner" and e["learner"] == 2]
+    assert start[-1]["position"] > 0, "the restarted learner did not resume its data position"
+
+
+def test_syncer_crash_loses_no_acknowledged_push(run_dir: Path) -> None:
+    cluster = make_cluster(run_dir)
+    try:
+        wait_for(run_dir, "three merges", lambda ev: len(merges(ev)) >= 3, 120, cluster)
+        cluster.syncer.popen.send_signal(signal.SIGKILL)
+        cluster.syncer.popen.wait(timeout=10)
+        killed_at = time.monotonic()
+        time.sleep(1.0)  # a real outage: learners keep training and queue their pushes
+        cluster.start_syncer()  # same port, same state dir
+        wait_for(run_dir, "every learner to reconnect to the restarted syncer",
+                 lambda ev: {e["learner"] for e in ev if e["kind"] == "connect" and e["t"] > killed_at} == {1, 2, 3},
+                 60, cluster)
+        wait_for(run_dir, "three merges after the restart",
+                 lambda ev: sum(1 for e in merges(ev) if e["t"] > killed_at) >= 3, 90, cluster)
+    finally:
+        cluster.stop()
+    events = wait_for(run_dir, "the final state", lambda ev: any(e["kind"] == "final_state" for e in ev), 10)
+    versions = [e["version"] for e in merges(events)]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions), f"versions went back: {versions}"
+    acked = {e["id"] for e in events if e["kind"] == "push" and e.get("status") == "accepted"}
+    applied = set(events[-1]["applied"]["0"]) if events[-1]["kind"] == "final_state" else set(
+        next(e for e in reversed(events) if e["kind"] == "final_state")["applied"]["0"])
+    assert acked, "no push was acknowledged"
+    lost = acked - applied
+    assert not lost, f"acknowledged pushes lost across the syncer restart: {sorted(lost)}"
+    merged_ids = [c["id"] for e in merges(events) for c in e["contributors"]]
+    assert len(merged_ids) == len(set(merged_ids)), "a push was applied twice"
+    loads = [e for e in events if e["kind"] == "state_loaded"]
+    assert len(loads) == 2 and loads[1]["versions"][0] >= 3, f"the restarted syncer did not resume: {loads}"
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.settimeout(5)
+        chunks = []
+        try:
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+        except (ConnectionResetError, socket.timeout):
+            pass
+        return b"".join(chunks)
+
+
+def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
+    cluster = make_cluster(run_dir, learners=3, start_learners=2)
+    try:
+        wait_for(run_dir, "a merge", lambda ev: len(merges(ev)) >= 1, 120, cluster)
+        secret = cluster.secret_file.read_bytes().strip()
+        port = cluster.port
+        _raw(port, os.urandom(4096))                                             # garbage
+        _raw(port, wire.encode_frame(b"w" * 32, wire.HELLO, {"learner": 3, "nonce": "x", "mode": "decoupled"}))
+        _raw(port, wire.PREFIX.pack(wire.MAGIC, wire.VERSION, 10, 1 << 40))      # oversized
+        # An authenticated learner-3 that sends a NaN and a wrong-shape pseudo-gradient.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            deadline = time.monotonic() + 10
+            wire.send_all(s, wire.encode_frame(secret, wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
+                                                                    "want_params": True}), deadline)
+            welcome = wire.read_frame(s, secret, deadline)
+            names = welcome.header["fragments"][0]
+            params = welcome.tensors()
+            delta = {n: torch.zeros_like(params[n]) for n in names}
+            delta[names[0]][0] = float("nan")
+            header = {"learner": 3, "incarnation": welcome.header["incarnation"], "seq": 1, "fragment": 0,
+                      "base_version": 0, "tokens": 1, "steps": 1, "position": 0, "encoding": "fp32"}
+            wire.send_all(s, wire.encode_frame(secret, wire.PUSH, header, encode(delta, "fp32")), deadline)
+            reply = wire.read_frame(s, secret, deadline)
+            assert reply.type == wire.ERROR and reply.header["reason"] == "bad_tensor", reply.header
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            deadline = time.monotonic() + 10
+            wire.send_all(s, wire.encode_frame(secret, wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
+                                                                    "want_params": False}), deadline)
+            welcome = wire.read_frame(s, secret, deadline)
+            wrong = {n: torch.zeros(3) for n in names}
+            header["incarnation"] = welcome.header["incarnation"]
+            wire.send_all(s, wire.encode_frame(secret, wire.PUSH, header, encode(wrong, "fp32")), deadline)
+            reply = wire.read_frame(s, secret, deadline)
+            assert reply.type == wire.ERROR and reply.header["reason"] == "bad_tensor", reply.header
+        refused_at = time.monotonic()
+        wait_for(run_dir, "two merges after the bad frames",
+                 lambda ev: sum(1 for e in merges(ev) if e["t"] > refused_at) >= 2, 90, cluster)
+    finally:
+        cluster.stop()
+    events = wait_for(run_dir, "the final state", lambda ev: any(e["kind"] == "final_state" for e in ev), 10)
+    reasons = sorted(e["reason"] for e in events if e["kind"] == "frame_rejected")
+    for reason in ("bad_magic", "bad_mac", "oversized", "bad_tensor"):
+        assert reason in reasons, f"no {reason} rejection among {reasons}"
+    assert not any(c["learner"] == 3 for e in merges(events) for c in e["contributors"]), "a bad push was merged"
+    final = [e for e in events if e["kind"] == "final_state"]
+    assert final and final[-1]["finite"], "global parameters are not finite"
