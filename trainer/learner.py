@@ -144,6 +144,7 @@ class Learner:
             self.stop.wait(compute_s * (1.0 / self.opts.speed - 1.0))
 
     def run(self) -> int:
+        _warm_up_torch(self.opts.threads)
         welcome = self._welcome()
         self._setup(welcome)
         if self.mode == "sync":
@@ -387,6 +388,15 @@ class Learner:
                 pass
             finally:
                 self.link.lock.release()
+
+
+def _warm_up_torch(threads: int) -> None:
+    """Pay torch's lazy imports (the first optimizer costs ~2 s) before saying HELLO, so
+    the syncer never sees a joined learner fall silent while it initialises."""
+    torch.set_num_threads(threads)
+    p = torch.zeros(2, requires_grad=True)
+    p.sum().backward()
+    torch.optim.AdamW([p]).step()
 
 
 def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> int:

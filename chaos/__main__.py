@@ -1,0 +1,123 @@
+"""CLI: `python -m chaos {run,validate,toxiproxy}`. `--help` on each."""
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def print_verdicts(result) -> None:
+    width = max(len(v.name) for v in result.verdicts)
+    print(f"\nverdict: {'PASS' if result.passed else 'FAIL'}  ({result.run_dir / 'verdict.json'})")
+    for v in result.verdicts:
+        print(f"  {v.status.upper():<7} {v.name:<{width}}  {v.detail}")
+    s = result.summary
+    if "goodput" in s:
+        print(f"  goodput {s['goodput']:.1%}, {s['merges']} merges / {s['sync_rounds']} sync rounds, "
+              f"{s['tokens_processed']} tokens, recent training loss {s['train_loss_recent']}")
+
+
+def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from faults import Schedule, ScheduleError
+
+    from .runner import run_schedule
+
+    try:
+        schedule = Schedule.load(Path(args.schedule), learners=args.learners)
+    except FileNotFoundError:
+        parser.error(f"SCHEDULE: no such file: {args.schedule}")
+    except ScheduleError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    out = Path(args.out or f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
+    if (out / "events").exists() and any((out / "events").iterdir()):
+        parser.error(f"--out: {out} already holds a run; choose a new directory")
+    if args.seed is not None:
+        schedule = type(schedule)(seed=args.seed, faults=schedule.faults, learners=schedule.learners,
+                                  name=schedule.name)
+    print(f"chaos: {len(schedule.faults)} fault(s), {args.learners} learners, backend {args.backend}, "
+          f"run dir {out}", flush=True)
+    try:
+        result = run_schedule(schedule, out, backend=args.backend, learners=args.learners, duration=args.duration,
+                              mode=args.mode, data=args.data, trainer_args=args.trainer_args)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"run: error: {exc}", file=sys.stderr)
+        return 1
+    print_verdicts(result)
+    return 0 if result.passed else 1
+
+
+def cmd_validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from faults.cli import validate_main
+    return validate_main(args.rest)
+
+
+def cmd_toxiproxy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .toxiproxy import main as toxiproxy_main
+    return toxiproxy_main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description="Islands' chaos harness.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="start a cluster, apply a fault schedule, heal, check")
+    p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.yaml, .yml or .json)")
+    p.add_argument("--backend", choices=("local", "compose"), default="local")
+    p.add_argument("--learners", type=_positive_int, default=3)
+    p.add_argument("--duration", type=_positive_float, default=None,
+                   help="seconds from the first fault's clock start (default: schedule horizon + 20)")
+    p.add_argument("--out", help="run directory (default runs/chaos-<timestamp>)")
+    p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled")
+    p.add_argument("--data", default="markov")
+    p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
+    p.set_defaults(func=cmd_run, trainer_args=[])
+    p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
+
+    p = sub.add_parser("validate", help="check a schedule file without running it", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server", add_help=False)
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_toxiproxy)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    trainer_args: list[str] = []
+    if argv[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        argv, trainer_args = argv[:cut], argv[cut + 1:]
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        args.trainer_args = trainer_args
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    return int(args.func(args, sub) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,6 @@
+"""Cluster backends behind one interface (see base.Cluster)."""
+from .base import Cluster, UnknownTarget
+
+BACKENDS = ("local", "compose")
+
+__all__ = ["BACKENDS", "Cluster", "UnknownTarget"]

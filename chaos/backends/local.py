@@ -1,0 +1,172 @@
+"""The local backend: the syncer, N learners and a Toxiproxy, all on 127.0.0.1, no Docker.
+
+Each learner reaches the syncer only through its own proxy (`learner-N`), so every byte
+of every link can be cut, slowed or reset. The proxy server is our Toxiproxy-compatible
+server running in this process, or a real Toxiproxy when TOXIPROXY_URL is set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..client import NotFound, ToxiproxyClient
+from ..processes import ManagedProcess, Registry
+from .base import Cluster
+
+START_TIMEOUT = 90.0
+STOP_TIMEOUT = 20.0
+
+
+class LocalCluster(Cluster):
+    def __init__(self, run_dir: str | os.PathLike, learners: int = 3, mode: str = "decoupled",
+                 data: str = "markov", trainer_args: list[str] | None = None,
+                 toxiproxy_url: str | None = None, name: str = "islands",
+                 learner_args: dict[int, list[str]] | None = None) -> None:
+        if learners < 1:
+            raise ValueError(f"learners: must be >= 1, got {learners}")
+        self.run_dir = Path(run_dir)
+        self.learners = learners
+        self.mode = mode
+        self.data = data
+        self.trainer_args = list(trainer_args or [])
+        self.learner_args = learner_args or {}
+        self.toxiproxy_url = toxiproxy_url if toxiproxy_url is not None else os.environ.get("TOXIPROXY_URL")
+        self.registry = Registry(name)
+        self._server = None
+        self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
+        self.syncer_port = 0
+        self.proxy_ports: dict[str, int] = {}
+        self.procs: dict[str, ManagedProcess] = {}
+        self.leftovers: list[str] = []
+
+    # ----------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.leftovers = self.registry.reap_leftovers()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        secret_file = self.run_dir / "secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(32))
+            secret_file.chmod(0o600)
+        self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self._start_toxiproxy()
+        self._start_syncer()
+        for i in range(1, self.learners + 1):
+            self._create_proxy(f"learner-{i}")
+        for i in range(1, self.learners + 1):
+            self._start_learner(i)
+
+    def _start_toxiproxy(self) -> None:
+        if self.toxiproxy_url:
+            self.toxiproxy = ToxiproxyClient(self.toxiproxy_url)
+            self.toxiproxy.reset()
+        else:
+            from ..toxiproxy import ToxiproxyServer
+            self._server = ToxiproxyServer(host="127.0.0.1", port=0)
+            self._server.start()
+            self.toxiproxy = ToxiproxyClient(self._server.url)
+        (self.run_dir / "toxiproxy.json").write_text(json.dumps({"url": self.toxiproxy.url}))
+
+    def _create_proxy(self, name: str) -> None:
+        try:
+            self.toxiproxy.delete_proxy(name)  # a leftover of a crashed run against a real Toxiproxy
+        except NotFound:
+            pass
+        proxy = self.toxiproxy.create_proxy(name, "127.0.0.1:0", f"127.0.0.1:{self.syncer_port}")
+        self.proxy_ports[name] = int(proxy["listen"].rsplit(":", 1)[1])
+
+    def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
+        proc = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log", self.env)
+        proc.start()
+        self.registry.record(proc)
+        self.procs[name] = proc
+        return proc
+
+    def _start_syncer(self) -> None:
+        address_file = self.run_dir / "syncer.json"
+        address_file.unlink(missing_ok=True)
+        proc = self._spawn("syncer", [
+            sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
+            "--run-dir", str(self.run_dir), "--address-file", str(address_file), "--host", "127.0.0.1",
+            "--port", str(self.syncer_port), "--learners", str(self.learners), "--mode", self.mode,
+            *self.trainer_args])
+        deadline = time.monotonic() + START_TIMEOUT
+        while not address_file.exists():
+            if not proc.running():
+                raise RuntimeError(f"syncer exited with {proc.popen.returncode} before listening; see {proc.log}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"syncer did not listen within {START_TIMEOUT:.0f}s; see {proc.log}")
+            time.sleep(0.05)
+        self.syncer_port = int(json.loads(address_file.read_text())["port"])
+
+    def _start_learner(self, i: int) -> None:
+        port = self.proxy_ports[f"learner-{i}"]
+        self._spawn(f"learner-{i}", [
+            sys.executable, "-m", "trainer", "learner", "--learner", str(i), "--connect", f"127.0.0.1:{port}",
+            "--run-dir", str(self.run_dir), "--data", self.data, "--mode", self.mode,
+            *self.learner_args.get(i, [])])
+
+    def stop(self) -> None:
+        """Heal the links, SIGTERM learners (they push what is left), then the syncer."""
+        if self.toxiproxy is not None:
+            for proxy in self.link_proxies():
+                try:
+                    self.toxiproxy.clear(proxy)
+                except Exception:  # noqa: BLE001 - stopping must go on whatever the proxy says
+                    pass
+        learners = [p for n, p in self.procs.items() if n != "syncer"]
+        for proc in learners:
+            proc.signal(signal.SIGCONT)
+            proc.signal(signal.SIGTERM)
+        for proc in learners:
+            proc.terminate(STOP_TIMEOUT)
+        if "syncer" in self.procs:
+            self.procs["syncer"].terminate(STOP_TIMEOUT)
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self.registry.path.unlink(missing_ok=True)
+
+    # ----------------------------------------------------------- processes
+    def _proc(self, target: str) -> ManagedProcess | None:
+        return self.procs.get(self.check_target(target))
+
+    def kill(self, target: str) -> None:
+        proc = self._proc(target)
+        if proc is not None:
+            proc.kill()
+
+    def pause(self, target: str) -> None:
+        proc = self._proc(target)
+        if proc is not None:
+            proc.signal(signal.SIGSTOP)
+
+    def resume(self, target: str) -> None:
+        proc = self._proc(target)
+        if proc is not None:
+            proc.signal(signal.SIGCONT)
+
+    def restart(self, target: str) -> None:
+        proc = self._proc(target)
+        if proc is not None and proc.running():
+            return
+        if target == "syncer":
+            self._start_syncer()
+        else:
+            self._start_learner(int(target.split("-", 1)[1]))
+
+    def is_running(self, target: str) -> bool:
+        proc = self._proc(target)
+        return proc is not None and proc.running()
+
+    def is_paused(self, target: str) -> bool:
+        proc = self._proc(target)
+        return proc is not None and proc.paused()
+
+    def pid(self, target: str) -> int | None:
+        proc = self._proc(target)
+        return proc.pid if proc is not None and proc.running() else None

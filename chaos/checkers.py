@@ -1,0 +1,290 @@
+"""Checkers: verdicts from the controller's history and the processes' event logs only.
+
+Each checker answers pass, fail or unknown (when the run did not give it enough to
+decide), with evidence: times, learners, versions. Times in evidence are seconds since
+the schedule began (the history's `begin` entry), on the shared monotonic clock.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+LEARNER_IMPAIRING = {"kill", "pause", "partition"}
+
+
+@dataclass
+class Verdict:
+    name: str
+    status: str
+    detail: str
+    evidence: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Window:
+    """When a fault was really in force: from its start to its stop (or the final heal)."""
+
+    index: int
+    kind: str
+    targets: tuple[str, ...]
+    start: float
+    stop: float
+
+
+@dataclass(frozen=True)
+class RunView:
+    events: list[dict]
+    history: list[dict]
+
+    @property
+    def t0(self) -> float:
+        begins = [h["t"] for h in self.history if h.get("event") == "begin"]
+        if begins:
+            return begins[0]
+        return self.events[0]["t"] if self.events else 0.0
+
+    @property
+    def end(self) -> float:
+        stops = [e["t"] for e in self.events if e["kind"] in ("inner_step", "merge", "sync_step")]
+        return max(stops) if stops else self.t0
+
+    def rel(self, t: float) -> float:
+        return round(t - self.t0, 3)
+
+    def windows(self) -> list[Window]:
+        starts = {h["index"]: h for h in self.history if h.get("event") == "start" and h.get("ok")}
+        stops = {h["index"]: h for h in self.history if h.get("event") == "stop"}
+        heals = [h["t"] for h in self.history if h.get("event") == "heal" and h.get("reason") != "start"]
+        out = []
+        for index, h in sorted(starts.items()):
+            fault = h["fault"]
+            targets = tuple(fault.get("targets") or [fault["target"]])
+            if index in stops:
+                stop = stops[index]["t"]
+            else:
+                later = [t for t in heals if t >= h["t"]]
+                stop = later[0] if later else self.end
+            out.append(Window(index, h["kind"], targets, h["t"], stop))
+        return out
+
+    def progress_times(self) -> list[float]:
+        return [e["t"] for e in self.events if e["kind"] in ("merge", "sync_step")]
+
+    def learners(self) -> list[int]:
+        return sorted({e["learner"] for e in self.events if e.get("learner") is not None
+                       and e["process"].startswith("learner")})
+
+    def final_state(self) -> dict | None:
+        finals = [e for e in self.events if e["kind"] == "final_state"]
+        return finals[-1] if finals else None
+
+
+def _unit(target: str) -> str:
+    return target.split("/", 1)[0]
+
+
+def impaired_intervals(view: RunView, recovery: float) -> dict[str, list[tuple[float, float]]]:
+    """Per target (syncer, learner-N): intervals during which it could not contribute."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for w in view.windows():
+        if w.kind not in LEARNER_IMPAIRING:
+            continue
+        for target in w.targets:
+            out.setdefault(_unit(target), []).append((w.start, w.stop + recovery))
+    return out
+
+
+def _covered(t: float, intervals: list[tuple[float, float]]) -> bool:
+    return any(a <= t <= b for a, b in intervals)
+
+
+def check_progress(view: RunView, max_gap: float = 20.0, quorum: int = 1, recovery: float = 10.0) -> Verdict:
+    """While the syncer and >= quorum learners are unimpaired, progress comes at least every max_gap s."""
+    times = view.progress_times()
+    if not times:
+        return Verdict("progress", FAIL, "no merge or sync step happened at all")
+    impaired = impaired_intervals(view, recovery)
+    learners = view.learners()
+    step = 0.25
+    violations = []
+    marks = [view.t0 + recovery] + [t for t in times if t > view.t0 + recovery] + [view.end]
+    for a, b in zip(marks, marks[1:]):
+        healthy = 0.0
+        t = a
+        while t < b:
+            ok_syncer = not _covered(t, impaired.get("syncer", []))
+            up = sum(1 for i in learners if not _covered(t, impaired.get(f"learner-{i}", [])))
+            if ok_syncer and up >= quorum:
+                healthy += step
+            t += step
+        if healthy > max_gap:
+            violations.append({"from": view.rel(a), "to": view.rel(b), "healthy_seconds": round(healthy, 2)})
+    evidence = {"progress_events": len(times), "max_gap": max_gap, "violations": violations,
+                "first": view.rel(times[0]), "last": view.rel(times[-1])}
+    if violations:
+        return Verdict("progress", FAIL, f"{len(violations)} healthy stretch(es) longer than {max_gap}s "
+                                         f"without a merge", evidence)
+    return Verdict("progress", PASS, f"{len(times)} merges/rounds; no healthy gap over {max_gap}s", evidence)
+
+
+def _contributions(view: RunView) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for e in view.events:
+        if e["kind"] == "merge":
+            for c in e["contributors"]:
+                out.setdefault(c["learner"], []).append(e["t"])
+        elif e["kind"] == "sync_step":
+            for learner in e["contributors"]:
+                out.setdefault(learner, []).append(e["t"])
+    return out
+
+
+def check_self_heal(view: RunView, within: float = 30.0) -> Verdict:
+    """Every learner a fault killed, paused or cut off contributes a merged update within
+    `within` seconds after that fault healed (a syncer fault counts for every learner)."""
+    contributions = _contributions(view)
+    results, failed, unknown = [], [], []
+    for w in view.windows():
+        if w.kind not in LEARNER_IMPAIRING:
+            continue
+        units = {_unit(t) for t in w.targets}
+        learners = view.learners() if "syncer" in units else [int(u.split("-")[1]) for u in units]
+        for learner in learners:
+            after = [t for t in contributions.get(learner, []) if t >= w.stop]
+            row = {"fault": w.index, "kind": w.kind, "learner": learner, "healed_at": view.rel(w.stop)}
+            if after and after[0] - w.stop <= within:
+                row["contributed_after"] = round(after[0] - w.stop, 3)
+            elif view.end - w.stop < within and not after:
+                unknown.append(row)
+                row["status"] = "run ended too soon"
+            else:
+                row["contributed_after"] = round(after[0] - w.stop, 3) if after else None
+                failed.append(row)
+            results.append(row)
+    evidence = {"within": within, "healings": results}
+    if failed:
+        return Verdict("self_heal", FAIL, f"{len(failed)} learner(s) did not contribute within {within}s of healing",
+                       {**evidence, "failed": failed})
+    if unknown:
+        return Verdict("self_heal", UNKNOWN, f"{len(unknown)} healing(s) too close to the end to judge", evidence)
+    if not results:
+        return Verdict("self_heal", PASS, "no learner was impaired", evidence)
+    worst = max(r["contributed_after"] for r in results)
+    return Verdict("self_heal", PASS, f"{len(results)} healing(s); slowest contribution {worst:.1f}s after heal",
+                   evidence)
+
+
+def check_every_learner_contributes_at_end(view: RunView, within: float = 30.0) -> Verdict:
+    """After the final heal, every learner contributes again."""
+    heals = [h["t"] for h in view.history if h.get("event") == "heal" and h.get("reason") == "end"]
+    last_fault_stop = max((w.stop for w in view.windows()), default=view.t0)
+    since = max(heals[-1] if heals else view.t0, last_fault_stop) if heals else last_fault_stop
+    contributions = _contributions(view)
+    missing = [i for i in view.learners() if not any(t >= since - within for t in contributions.get(i, []))]
+    evidence = {"since": view.rel(since), "learners": view.learners()}
+    if missing:
+        return Verdict("rejoined", FAIL, f"learner(s) {missing} never contributed after the faults", evidence)
+    return Verdict("rejoined", PASS, "every learner contributed after the last fault", evidence)
+
+
+def _acked(view: RunView) -> set[str]:
+    return {e["id"] for e in view.events if e["kind"] == "push" and e.get("status") == "accepted"}
+
+
+def check_no_lost_acks(view: RunView) -> Verdict:
+    final = view.final_state()
+    acked = _acked(view)
+    if final is None or "applied" not in final:
+        return Verdict("no_lost_acks", UNKNOWN, "no final state from the syncer (sync mode, or it did not stop cleanly)",
+                       {"acked": len(acked)})
+    applied = {i for ids in final["applied"].values() for i in ids}
+    lost = sorted(acked - applied)
+    evidence = {"acked": len(acked), "applied": len(applied), "lost": lost[:50]}
+    if lost:
+        return Verdict("no_lost_acks", FAIL, f"{len(lost)} acknowledged push(es) never applied", evidence)
+    return Verdict("no_lost_acks", PASS, f"all {len(acked)} acknowledged pushes were applied", evidence)
+
+
+def check_no_double_apply(view: RunView) -> Verdict:
+    seen: dict[str, float] = {}
+    doubles = []
+    for e in view.events:
+        if e["kind"] != "merge":
+            continue
+        for c in e["contributors"]:
+            if c["id"] in seen:
+                doubles.append({"id": c["id"], "first": view.rel(seen[c["id"]]), "again": view.rel(e["t"])})
+            seen.setdefault(c["id"], e["t"])
+    final = view.final_state()
+    if final is not None and "applied" in final:
+        for frag, ids in final["applied"].items():
+            if len(ids) != len(set(ids)):
+                doubles.append({"fragment": frag, "ledger_duplicates": len(ids) - len(set(ids))})
+    if doubles:
+        return Verdict("no_double_apply", FAIL, f"{len(doubles)} push(es) applied twice", {"doubles": doubles[:50]})
+    return Verdict("no_double_apply", PASS, f"{len(seen)} merged pushes, each applied once", {"merged": len(seen)})
+
+
+def check_monotonic_versions(view: RunView) -> Verdict:
+    last: dict[int, int] = {}
+    backwards = []
+    for e in view.events:
+        if e["kind"] == "merge":
+            f = e["fragment"]
+            if e["version"] <= last.get(f, 0):
+                backwards.append({"fragment": f, "version": e["version"], "after": last[f], "at": view.rel(e["t"])})
+            last[f] = max(last.get(f, 0), e["version"])
+    adopted: dict[tuple, int] = {}
+    for e in view.events:
+        if e["kind"] == "apply" and e.get("fragment") is not None:
+            key = (e["learner"], e.get("incarnation"), e["fragment"])
+            if e["version"] < adopted.get(key, -1):
+                backwards.append({"learner": e["learner"], "fragment": e["fragment"], "version": e["version"],
+                                  "after": adopted[key], "at": view.rel(e["t"])})
+            adopted[key] = max(adopted.get(key, -1), e["version"])
+    if backwards:
+        return Verdict("monotonic_versions", FAIL, f"{len(backwards)} version(s) went back", {"backwards": backwards})
+    return Verdict("monotonic_versions", PASS, f"versions only rose: {dict(sorted(last.items()))}",
+                   {"final_versions": last})
+
+
+def check_finite(view: RunView) -> Verdict:
+    bad_merges = [view.rel(e["t"]) for e in view.events if e["kind"] == "merge" and not e.get("finite", True)]
+    bad_losses = [(e["learner"], view.rel(e["t"])) for e in view.events if e["kind"] == "inner_step"
+                  and (isinstance(e["loss"], str) or not math.isfinite(e["loss"]))]
+    final = view.final_state()
+    final_ok = final.get("finite", True) if final else True
+    evidence = {"nonfinite_merges": bad_merges[:20], "nonfinite_losses": bad_losses[:20], "final_finite": final_ok}
+    if bad_merges or not final_ok:
+        return Verdict("finite", FAIL, "the global parameters held NaN or Inf", evidence)
+    if bad_losses:
+        return Verdict("finite", FAIL, f"{len(bad_losses)} inner step(s) had a non-finite loss", evidence)
+    return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
+
+
+CHECKERS: dict[str, Callable[..., Verdict]] = {
+    "progress": check_progress,
+    "self_heal": check_self_heal,
+    "rejoined": check_every_learner_contributes_at_end,
+    "no_lost_acks": check_no_lost_acks,
+    "no_double_apply": check_no_double_apply,
+    "monotonic_versions": check_monotonic_versions,
+    "finite": check_finite,
+}
+
+
+def run_checkers(view: RunView, options: dict[str, dict] | None = None) -> list[Verdict]:
+    options = options or {}
+    return [fn(view, **options.get(name, {})) for name, fn in CHECKERS.items()]
+
+
+def verdict_document(verdicts: list[Verdict]) -> dict:
+    return {"passed": all(v.status != FAIL for v in verdicts),
+            "failed": [v.name for v in verdicts if v.status == FAIL],
+            "unknown": [v.name for v in verdicts if v.status == UNKNOWN],
+            "checks": [v.to_dict() for v in verdicts]}

@@ -1,0 +1,202 @@
+"""The controller: applies a schedule to a running cluster on one monotonic clock.
+
+It records every action as actually done (planned time, real time, what was done, any
+error) into a JSONL history, and it always heals: heal-all runs at start (to clean up
+after a crashed earlier run), at the normal end, on an exception, and on SIGINT/SIGTERM.
+Like Jepsen's nemesis it only injects; deciding whether the system coped is the
+checkers' job.
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from faults import Event, Kill, LinkFault, Partition, Pause, Schedule
+
+from .backends.base import Cluster
+from .client import NotFound
+
+HISTORY_FILE = "history.jsonl"
+
+
+class Interrupted(Exception):
+    """SIGINT or SIGTERM arrived while a schedule was running."""
+
+
+class History:
+    """Append-only JSONL, flushed per line, readable after a crash."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
+        self._lock = threading.Lock()
+
+    def record(self, **fields: Any) -> dict:
+        entry = {"t": time.monotonic(), "wall": time.time(), **fields}
+        with self._lock:
+            self._fh.write(json.dumps(entry, default=str) + "\n")
+        return entry
+
+    def close(self) -> None:
+        with self._lock:
+            self._fh.close()
+
+
+def read_history(path: str | Path) -> list[dict]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                if line.endswith("\n"):
+                    out.append(json.loads(line))
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def describe_fault(fault: Any) -> dict:
+    return fault.to_dict()
+
+
+class Controller:
+    def __init__(self, cluster: Cluster, schedule: Schedule, history: History,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cluster = cluster
+        self.schedule = schedule
+        self.history = history
+        self.clock = clock
+        self._stop = threading.Event()
+        self.errors: list[str] = []
+
+    # ----------------------------------------------------------- healing
+    def heal(self, reason: str) -> list[str]:
+        try:
+            done = self.cluster.heal_all()
+            self.history.record(event="heal", reason=reason, did=done, ok=True)
+            return done
+        except Exception as exc:  # noqa: BLE001 - recorded; healing is retried at the end
+            self.history.record(event="heal", reason=reason, ok=False, error=f"{type(exc).__name__}: {exc}")
+            self.errors.append(f"heal ({reason}): {exc}")
+            return []
+
+    # ----------------------------------------------------------- actions
+    def _links(self, fault: Any) -> list[str]:
+        targets = fault.targets if isinstance(fault, Partition) else (fault.target,)
+        return [self.cluster.link_proxy(t) for t in targets]
+
+    def _unit(self, target: str) -> str:
+        return target.split("/", 1)[0]
+
+    def _start(self, fault: Any) -> str:
+        if isinstance(fault, Kill):
+            self.cluster.kill(self._unit(fault.target))
+            return f"SIGKILL {fault.target}"
+        if isinstance(fault, Pause):
+            self.cluster.pause(self._unit(fault.target))
+            return f"SIGSTOP {fault.target}"
+        if isinstance(fault, Partition) and fault.mode == "refuse":
+            for proxy in self._links(fault):
+                self.cluster.toxiproxy.disable(proxy)
+            return f"disabled proxies {', '.join(self._links(fault))}"
+        if isinstance(fault, (Partition, LinkFault)):
+            added = []
+            for proxy in self._links(fault):
+                for spec in fault.toxics():
+                    self.cluster.toxiproxy.add_toxic(proxy, **spec)
+                    added.append(f"{proxy}/{spec['name']}")
+            return f"added toxics {', '.join(added)}"
+        raise TypeError(f"unknown fault type {type(fault).__name__}")
+
+    def _stop_fault(self, fault: Any) -> str:
+        if isinstance(fault, Kill):
+            if not fault.restart:
+                return f"left {fault.target} down until the final heal"
+            self.cluster.restart(self._unit(fault.target))
+            return f"restarted {fault.target}"
+        if isinstance(fault, Pause):
+            self.cluster.resume(self._unit(fault.target))
+            return f"SIGCONT {fault.target}"
+        if isinstance(fault, Partition) and fault.mode == "refuse":
+            for proxy in self._links(fault):
+                self.cluster.toxiproxy.enable(proxy)
+            return f"enabled proxies {', '.join(self._links(fault))}"
+        if isinstance(fault, (Partition, LinkFault)):
+            removed = []
+            for proxy in self._links(fault):
+                for spec in fault.toxics():
+                    try:
+                        self.cluster.toxiproxy.remove_toxic(proxy, spec["name"])
+                        removed.append(f"{proxy}/{spec['name']}")
+                    except NotFound:
+                        pass
+            return f"removed toxics {', '.join(removed) or '(none left)'}"
+        raise TypeError(f"unknown fault type {type(fault).__name__}")
+
+    def apply(self, event: Event, t0: float) -> dict:
+        started = self.clock()
+        try:
+            did = self._start(event.fault) if event.action == "start" else self._stop_fault(event.fault)
+            ok, error = True, None
+        except Exception as exc:  # noqa: BLE001 - recorded in the history, the run goes on
+            did, ok, error = None, False, f"{type(exc).__name__}: {exc}"
+            self.errors.append(f"faults[{event.index}] {event.action}: {error}")
+        return self.history.record(event=event.action, index=event.index, kind=event.fault.kind,
+                                   fault=describe_fault(event.fault), planned=event.time,
+                                   at=round(started - t0, 4), took=round(self.clock() - started, 4),
+                                   did=did, ok=ok, error=error)
+
+    # ----------------------------------------------------------- the run
+    def _wait_until(self, deadline: float) -> None:
+        while not self._stop.is_set():
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return
+            self._stop.wait(min(remaining, 0.5))
+        raise Interrupted("stopped by a signal")
+
+    def run(self, duration: float, heal_first: bool = True) -> list[dict]:
+        """Apply the schedule, wait out `duration` seconds from t0, heal. Returns the history entries."""
+        handlers = self._install_signal_handlers()
+        entries = []
+        try:
+            if heal_first:
+                self.heal("start")
+            t0 = self.clock()
+            self.history.record(event="begin", seed=self.schedule.seed, faults=len(self.schedule.faults),
+                                duration=duration)
+            for event in self.schedule.events():
+                self._wait_until(t0 + event.time)
+                entries.append(self.apply(event, t0))
+            self._wait_until(t0 + duration)
+            self.heal("end")
+        except Interrupted:
+            self.heal("signal")
+            raise
+        except BaseException:
+            self.heal("exception")
+            raise
+        finally:
+            self._restore_signal_handlers(handlers)
+            self.history.record(event="end", errors=self.errors)
+        return entries
+
+    def interrupt(self) -> None:
+        self._stop.set()
+
+    def _install_signal_handlers(self) -> dict:
+        saved = {}
+        if threading.current_thread() is not threading.main_thread():
+            return saved
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            saved[sig] = signal.signal(sig, lambda *_: self._stop.set())
+        return saved
+
+    @staticmethod
+    def _restore_signal_handlers(saved: dict) -> None:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,139 @@
+"""Local OS processes the harness starts, signals, and cleans up after a crash.
+
+Every process runs in its own session (process group), so a kill or a pause reaches all
+of its threads and children. Each started process is written to a registry file with its
+kernel start time; a later run reads the registry and kills what an earlier run that
+died (even by SIGKILL) left behind, without ever touching a recycled PID.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def islands_home() -> Path:
+    return Path(os.environ.get("ISLANDS_HOME", str(Path.home() / ".cache" / "islands")))
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Kernel start time of `pid` in clock ticks, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[19])
+
+
+def proc_state(pid: int) -> str | None:
+    """One-letter process state (R, S, T for stopped, Z...), or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2]
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    log: Path
+    env: dict[str, str]
+    popen: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.popen.pid if self.popen is not None else None
+
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def paused(self) -> bool:
+        return self.running() and proc_state(self.popen.pid) == "T"
+
+    def start(self) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log, "ab") as out:
+            self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def signal(self, sig: int) -> bool:
+        if not self.running():
+            return False
+        try:
+            os.killpg(self.popen.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill(self) -> bool:
+        killed = self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        return killed
+
+    def terminate(self, timeout: float) -> int | None:
+        """SIGCONT then SIGTERM (a stopped process cannot act on SIGTERM), then SIGKILL."""
+        if not self.running():
+            return self.popen.returncode if self.popen is not None else None
+        self.signal(signal.SIGCONT)
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.popen.returncode
+
+
+class Registry:
+    """A JSON file of the processes one cluster name has started."""
+
+    def __init__(self, name: str) -> None:
+        self.path = islands_home() / "local" / f"{name}.json"
+
+    def _read(self) -> list[dict]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return []
+
+    def record(self, proc: ManagedProcess) -> None:
+        entries = [e for e in self._read() if e["name"] != proc.name]
+        entries.append({"name": proc.name, "pid": proc.pid, "start": proc_start_time(proc.pid),
+                        "argv": proc.argv[:4]})
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entries))
+        os.replace(tmp, self.path)
+
+    def reap_leftovers(self, timeout: float = 10.0) -> list[str]:
+        """Kill the processes a previous run of this name left running; returns their names."""
+        killed = []
+        for e in self._read():
+            pid, start = int(e["pid"]), e.get("start")
+            if start is None or proc_start_time(pid) != start:
+                continue  # gone, or the PID now belongs to someone else
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            except PermissionError:
+                continue
+            killed.append(f"{e['name']} (pid {pid})")
+        deadline = time.monotonic() + timeout
+        for e in self._read():
+            while proc_start_time(int(e["pid"])) == e.get("start") and proc_state(int(e["pid"])) not in (None, "Z"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+        self.path.unlink(missing_ok=True)
+        return killed

@@ -1,0 +1,102 @@
+"""One chaos run: start a cluster, let it warm up, apply a schedule, heal, stop, check.
+
+Shared by `python -m chaos run`, `replay` and the pytest plugin, so a failure found by a
+test replays with exactly the same code path from the command line.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from faults import Schedule
+
+from trainer.events import read_events
+from trainer.metrics import summarize
+
+from .backends.base import Cluster
+from .checkers import RunView, Verdict, run_checkers, verdict_document
+from .controller import HISTORY_FILE, Controller, History, read_history
+
+WARMUP_TIMEOUT = 120.0
+TAIL_SECONDS = 20.0
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    verdicts: list[Verdict]
+    document: dict
+    summary: dict
+
+    @property
+    def passed(self) -> bool:
+        return self.document["passed"]
+
+
+def make_cluster(backend: str, run_dir: Path, learners: int, mode: str, data: str,
+                 trainer_args: list[str], learner_args: dict[int, list[str]] | None = None) -> Cluster:
+    if backend == "local":
+        from .backends.local import LocalCluster
+        return LocalCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
+                            learner_args=learner_args)
+    if backend == "compose":
+        from .backends.compose import ComposeCluster  # type: ignore[import-not-found]
+        return ComposeCluster(run_dir, learners=learners, mode=mode, trainer_args=trainer_args)
+    raise ValueError(f"--backend: unknown backend {backend!r} (known: local, compose)")
+
+
+def wait_until_training(run_dir: Path, learners: int, timeout: float = WARMUP_TIMEOUT) -> None:
+    """Block until every learner has made an inner step; fail naming the ones that did not."""
+    deadline = time.monotonic() + timeout
+    while True:
+        stepped = {e["learner"] for e in read_events(run_dir) if e["kind"] == "inner_step"}
+        if stepped >= set(range(1, learners + 1)):
+            return
+        if time.monotonic() > deadline:
+            missing = sorted(set(range(1, learners + 1)) - stepped)
+            raise TimeoutError(f"learner(s) {missing} made no inner step within {timeout:.0f}s; see {run_dir}/logs")
+        time.sleep(0.25)
+
+
+def default_duration(schedule: Schedule) -> float:
+    return schedule.horizon + TAIL_SECONDS
+
+
+def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None) -> RunResult:
+    view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE))
+    verdicts = run_checkers(view, checker_options)
+    document = verdict_document(verdicts)
+    summary = summarize(view.events, learners)
+    document["summary"] = summary
+    (run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
+    return RunResult(run_dir, verdicts, document, summary)
+
+
+def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", learners: int = 3,
+                 duration: float | None = None, mode: str = "decoupled", data: str = "markov",
+                 trainer_args: list[str] | None = None, checker_options: dict | None = None,
+                 learner_args: dict[int, list[str]] | None = None) -> RunResult:
+    schedule.validate(learners)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    schedule.dump(run_dir / "schedule.yaml")
+    (run_dir / "run.json").write_text(json.dumps({
+        "backend": backend, "learners": learners, "mode": mode, "data": data,
+        "trainer_args": trainer_args or [], "seed": schedule.seed,
+        "duration": duration if duration is not None else default_duration(schedule)}, indent=2))
+    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args)
+    history = History(run_dir / HISTORY_FILE)
+    try:
+        cluster.start()
+        if getattr(cluster, "leftovers", None):
+            history.record(event="cleanup", killed=cluster.leftovers)
+        wait_until_training(run_dir, learners)
+        controller = Controller(cluster, schedule, history)
+        controller.run(duration if duration is not None else default_duration(schedule))
+    finally:
+        try:
+            cluster.stop()
+        finally:
+            history.close()
+    return evaluate_run(run_dir, learners, checker_options)
