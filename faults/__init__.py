@@ -1,0 +1,54 @@
+"""The fault vocabulary and schedules: pure data, no trainer or chaos imports.
+
+``faults.kinds`` defines one frozen dataclass per fault kind, ``faults.schedule``
+reads, checks and writes schedule files, ``faults.cli`` validates one from the
+command line and ``faults.strategies`` (needs hypothesis) generates valid ones.
+"""
+
+from faults.kinds import (
+    KINDS,
+    LINK_KINDS,
+    PROCESS_KINDS,
+    Bandwidth,
+    BaseFault,
+    Fault,
+    Kill,
+    Latency,
+    LimitData,
+    LinkFault,
+    Partition,
+    Pause,
+    ProcessFault,
+    ResetPeer,
+    Slicer,
+    SlowClose,
+    Target,
+    Timeout,
+    parse_target,
+)
+from faults.schedule import Event, Schedule, ScheduleError
+
+__all__ = [
+    "KINDS",
+    "LINK_KINDS",
+    "PROCESS_KINDS",
+    "Bandwidth",
+    "BaseFault",
+    "Event",
+    "Fault",
+    "Kill",
+    "Latency",
+    "LimitData",
+    "LinkFault",
+    "Partition",
+    "Pause",
+    "ProcessFault",
+    "ResetPeer",
+    "Schedule",
+    "ScheduleError",
+    "Slicer",
+    "SlowClose",
+    "Target",
+    "Timeout",
+    "parse_target",
+]

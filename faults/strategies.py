@@ -1,0 +1,173 @@
+"""Hypothesis strategies for valid fault schedules.
+
+Validity is built in rather than filtered for: faults that could clash are put
+on one "lane" (a process unit, a partitioned link, or a link plus toxic kind)
+and laid end to end on it, so nothing overlaps. A fault that would not fit in
+the horizon, or that lands on a unit already killed for good, is left out.
+
+Shrinking moves toward fewer faults (down to none), shorter ones
+(durations toward ``min_duration``), earlier ones (``at`` toward the lane's
+free time, 0 for the first) and simpler ones (the first listed kind, learner-1,
+default direction/toxicity/restart, small parameters). Hypothesis also counts a
+kind with fewer parameters as simpler, so kill and pause (one draw each) win
+ties against the toxics. Times are whole tenths of a
+second, computed as integers, so files read ``at: 2.3``, not ``2.3000000000000003``.
+
+hypothesis is imported inside the function, so ``faults`` works without it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Sequence
+
+from faults.kinds import DIRECTIONS, KINDS, SYNCER
+from faults.schedule import Schedule
+
+if TYPE_CHECKING:
+    from hypothesis.strategies import SearchStrategy
+
+DEFAULT_KINDS: tuple[str, ...] = ("kill", "pause", "partition", "latency")
+
+
+def _tenths(seconds: float, up: bool) -> int:
+    scaled = seconds * 10
+    return math.ceil(scaled - 1e-9) if up else math.floor(scaled + 1e-9)
+
+
+def schedules(
+    learners: int = 3,
+    kinds: Sequence[str] = DEFAULT_KINDS,
+    max_faults: int = 4,
+    horizon: float = 20.0,
+    min_duration: float = 0.5,
+    max_duration: float = 8.0,
+    seed: int | SearchStrategy[int] | None = None,
+    include_syncer: bool = True,
+) -> SearchStrategy[Schedule]:
+    """Valid schedules for ``learners`` learners, every fault ending by ``horizon`` s.
+
+    ``seed``: a fixed int, a strategy, or None for any 32-bit seed (shrinks to 0).
+    ``include_syncer``: whether kill/pause may target the syncer.
+    """
+    from hypothesis import strategies as st
+
+    kinds = tuple(kinds)
+    unknown = [k for k in kinds if k not in KINDS]
+    if not kinds or unknown:
+        raise ValueError(f"kinds must be a non-empty selection of {', '.join(KINDS)}; unknown: {unknown}")
+    if isinstance(learners, bool) or not isinstance(learners, int) or learners < 1:
+        raise ValueError(f"learners must be an integer >= 1, got {learners!r}")
+    if max_faults < 0:
+        raise ValueError(f"max_faults must be >= 0, got {max_faults}")
+    lo, hi, end = _tenths(min_duration, True), _tenths(max_duration, False), _tenths(horizon, False)
+    hi = min(hi, end)
+    if lo < 1 or lo > hi:
+        raise ValueError(
+            f"need 0.1 <= min_duration <= max_duration and min_duration <= horizon (whole tenths of a second), "
+            f"got min_duration={min_duration}, max_duration={max_duration}, horizon={horizon}"
+        )
+
+    seeds = st.integers(0, 2**32 - 1) if seed is None else st.just(seed) if isinstance(seed, int) else seed
+    names = [f"learner-{n}" for n in range(1, learners + 1)]
+    learner = st.sampled_from(names)
+    process_targets = names + [SYNCER] if include_syncer else names
+    direction = st.sampled_from(DIRECTIONS)  # "both" first: the default is the simplest
+    toxicity = st.integers(0, 9).map(lambda k: (10 - k) / 10)  # shrinks to 1.0
+    millis = lambda lo_ms, hi_ms: st.integers(lo_ms, hi_ms).map(float)  # noqa: E731
+
+    def link(**extra: SearchStrategy[Any]) -> SearchStrategy[dict[str, Any]]:
+        return st.fixed_dictionaries({"target": learner, **extra, "direction": direction, "toxicity": toxicity})
+
+    @st.composite
+    def partition(draw: Any) -> dict[str, Any]:
+        targets = draw(st.lists(learner, min_size=1, max_size=learners, unique=True))
+        mode = draw(st.sampled_from(("blackhole", "refuse")))
+        # Always draw the direction, so refuse isn't "simpler" for having one draw fewer;
+        # refuse can only cut both ways.
+        chosen = draw(direction)
+        return {"targets": tuple(targets), "direction": "both" if mode == "refuse" else chosen, "mode": mode}
+
+    @st.composite
+    def latency(draw: Any) -> dict[str, Any]:
+        ms = draw(st.integers(1, 2000))
+        return {
+            "target": draw(learner),
+            "latency_ms": float(ms),
+            "jitter_ms": float(draw(st.integers(0, ms))),
+            "direction": draw(direction),
+            "toxicity": draw(toxicity),
+        }
+
+    @st.composite
+    def slicer(draw: Any) -> dict[str, Any]:
+        size = draw(st.integers(1, 4096))
+        return {
+            "target": draw(learner),
+            "average_size": size,
+            "size_variation": draw(st.integers(0, size - 1)),
+            "delay_us": draw(st.integers(0, 10_000)),
+            "direction": draw(direction),
+            "toxicity": draw(toxicity),
+        }
+
+    params: dict[str, SearchStrategy[dict[str, Any]]] = {
+        # one draw for target and restart, so a kill is as small as a pause and kinds shrink by order
+        "kill": st.sampled_from([(t, r) for r in (True, False) for t in process_targets]).map(
+            lambda tr: {"target": tr[0], "restart": tr[1]}
+        ),
+        "pause": st.fixed_dictionaries({"target": st.sampled_from(process_targets)}),
+        "partition": partition(),
+        "latency": latency(),
+        "bandwidth": link(rate_kbps=millis(1, 100_000)),
+        "reset_peer": link(timeout_ms=millis(0, 5000)),
+        "slow_close": link(delay_ms=millis(0, 5000)),
+        "slicer": slicer(),
+        "limit_data": link(bytes=st.integers(0, 1 << 20)),
+        "timeout": link(timeout_ms=millis(0, 5000)),
+    }
+
+    @st.composite
+    def draft(draw: Any) -> tuple[str, int, int, dict[str, Any]]:
+        kind = draw(st.sampled_from(kinds))
+        gap = draw(st.integers(0, end - lo))  # tenths after the lane is free
+        length = draw(st.integers(lo, hi))
+        return kind, gap, length, draw(params[kind])
+
+    def lanes(kind: str, p: dict[str, Any]) -> list[tuple[str, ...]]:
+        if kind in ("kill", "pause"):
+            return [("process", p["target"].split("/")[0])]  # a unit and its ranks share a lane
+        if kind == "partition":
+            return [("partition", t) for t in p["targets"]]
+        return [("link", kind, p["target"])]
+
+    more = st.sampled_from((False, True, True, True))  # shrinks to False: stop
+
+    @st.composite
+    def drafts(draw: Any, room: int) -> list[tuple[str, int, int, dict[str, Any]]]:
+        # A recursive list rather than st.lists: Hypothesis deletes a whole fault by
+        # passing a chain span to its tail, but it can't delete an st.lists element
+        # of more than ~5 draws, so schedules shrank to [kill, kill, latency]. The
+        # "more" draw happens even when full, so the last fault has a tail too.
+        if not draw(more) or room == 0:
+            return []
+        return [draw(draft())] + draw(drafts(room - 1))
+
+    @st.composite
+    def build(draw: Any) -> Schedule:
+        chosen_seed = draw(seeds)
+        free: dict[tuple[str, ...], float] = {}  # lane -> first free tenth (inf: killed for good)
+        faults = []
+        for kind, gap, length, p in draw(drafts(max_faults)):
+            keys = lanes(kind, p)
+            at = max((free.get(k, 0) for k in keys), default=0) + gap
+            if at + lo > end:
+                continue  # does not fit (or the unit is down for good)
+            length = min(length, end - at)
+            faults.append(KINDS[kind](at=at / 10, duration=length / 10, **p))
+            stays_down = kind == "kill" and not p["restart"]
+            for k in keys:
+                free[k] = math.inf if stays_down else at + length
+        return Schedule(seed=chosen_seed, faults=tuple(faults), learners=learners)  # type: ignore[arg-type]
+
+    return build()

@@ -1,0 +1,160 @@
+"""Hypothesis strategies: every drawn schedule is valid, round-trips, and shrinks to something simple."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, find, given, settings
+from hypothesis import strategies as st
+
+from faults.kinds import KINDS, Kill, Latency, Partition, Slicer
+from faults.schedule import Schedule
+from faults.strategies import schedules
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FIND = settings(database=None, max_examples=500)
+
+
+def check(schedule: Schedule, horizon: float, min_duration: float, max_duration: float) -> None:
+    assert schedule.validate() is schedule
+    for fmt in ("yaml", "json"):
+        text = schedule.dumps(fmt)
+        assert Schedule.loads(text, fmt) == schedule
+    assert schedule.horizon <= horizon
+    for fault in schedule.faults:
+        assert min_duration <= fault.duration <= max_duration
+        for value in (fault.at, fault.duration):
+            assert value == round(value, 1) and len(repr(value)) <= 6  # whole tenths, readable
+
+
+@QUICK
+@given(schedules())
+def test_default_schedules_are_valid_and_round_trip(schedule: Schedule) -> None:
+    check(schedule, 20.0, 0.5, 8.0)
+    assert schedule.learners == 3
+    assert len(schedule.faults) <= 4
+    assert {f.kind for f in schedule.faults} <= {"kill", "pause", "partition", "latency"}
+
+
+@QUICK
+@given(schedules(learners=2, kinds=tuple(KINDS), max_faults=10, horizon=12.0, min_duration=0.1, max_duration=30.0))
+def test_every_kind_is_valid_and_round_trips(schedule: Schedule) -> None:
+    check(schedule, 12.0, 0.1, 12.0)
+    assert set(schedule.targets()) <= {"syncer", "learner-1", "learner-2"}
+
+
+@QUICK
+@given(schedules(learners=1, kinds=("kill", "pause"), max_faults=6, include_syncer=False, seed=5))
+def test_options(schedule: Schedule) -> None:
+    check(schedule, 20.0, 0.5, 8.0)
+    assert schedule.seed == 5
+    assert set(schedule.targets()) <= {"learner-1"}
+
+
+@QUICK
+@given(schedules(kinds=("partition",), max_faults=6, seed=st.integers(1, 3)))
+def test_seed_strategy(schedule: Schedule) -> None:
+    check(schedule, 20.0, 0.5, 8.0)
+    assert 1 <= schedule.seed <= 3
+
+
+@QUICK
+@given(schedules(kinds=tuple(KINDS)), st.sampled_from(["yaml", "json"]))
+def test_files_round_trip(tmp_path_factory: pytest.TempPathFactory, schedule: Schedule, fmt: str) -> None:
+    path = tmp_path_factory.mktemp("s") / f"schedule.{fmt}"
+    schedule.dump(path)
+    assert Schedule.load(path) == schedule
+
+
+def test_every_kind_is_drawn() -> None:
+    seen: set[str] = set()
+
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(schedules(kinds=tuple(KINDS), max_faults=6))
+    def collect(schedule: Schedule) -> None:
+        seen.update(f.kind for f in schedule.faults)
+
+    collect()
+    assert seen == set(KINDS)
+
+
+def test_shrinks_to_one_short_early_simple_fault() -> None:
+    found = find(schedules(), lambda s: len(s.faults) > 0, settings=FIND)
+    assert found == Schedule(seed=0, faults=(Kill(0.0, 0.5, "learner-1"),), learners=3)
+
+
+def test_shrinks_away_unneeded_faults() -> None:
+    found = find(schedules(), lambda s: any(f.kind == "partition" for f in s.faults), settings=FIND)
+    assert found.faults == (Partition(0.0, 0.5, ("learner-1",)),)
+    found = find(schedules(kinds=tuple(KINDS)), lambda s: any(f.kind == "slicer" for f in s.faults), settings=FIND)
+    assert found.faults == (Slicer(0.0, 0.5, "learner-1", 1),)
+    found = find(schedules(), lambda s: any(f.kind == "latency" for f in s.faults), settings=FIND)
+    assert found.faults == (Latency(0.0, 0.5, "learner-1", 1),)
+
+
+def test_two_faults_shrink_to_back_to_back_kills() -> None:
+    found = find(schedules(), lambda s: len(s.faults) >= 2, settings=FIND)
+    assert found.faults == (Kill(0.0, 0.5, "learner-1"), Kill(0.5, 0.5, "learner-1"))
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"kinds": ()},
+        {"kinds": ("explode",)},
+        {"learners": 0},
+        {"min_duration": 0},
+        {"min_duration": 5, "max_duration": 1},
+        {"min_duration": 5, "horizon": 1},
+        {"max_faults": -1},
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        schedules(**kwargs)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- architecture
+
+
+def test_faults_imports_nothing_from_our_other_packages() -> None:
+    allowed = {"faults", "__future__", "yaml", "hypothesis"} | set(sys.stdlib_module_names)
+    for path in sorted((ROOT / "faults").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                assert top in allowed, f"{path.name} imports {name}"
+                if top == "hypothesis":
+                    assert path.name == "strategies.py", f"{path.name} imports hypothesis"
+
+
+def test_faults_works_without_hypothesis() -> None:
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('hypothesis', 'trainer', 'chaos'):\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import faults, faults.kinds, faults.schedule, faults.cli, faults.strategies\n"
+        "s = faults.Schedule.load('examples/schedules/quick.yaml')\n"
+        "assert not {'hypothesis', 'trainer', 'chaos'} & set(sys.modules)\n"
+        "try:\n"
+        "    faults.strategies.schedules()\n"
+        "except ImportError:\n"
+        "    print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert result.stdout == "ok\n", result.stderr
