@@ -64,7 +64,7 @@ class ToxiproxyClient:
 
     def _call(self, method: str, path: str, body: Any = None) -> Any:
         retrying = Retrying(stop=stop_any(stop_after_attempt(self.attempts), stop_after_delay(self.retry_budget)),
-                            wait=wait_exponential_jitter(initial=0.05, max=1.0, jitter=0.1),
+                            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.1),
                             retry=retry_if_exception(_retryable), reraise=True)
         try:
             for attempt in retrying:

@@ -125,7 +125,7 @@ class Link:
     def connect(self, want_params: bool, budget: float) -> wire.Frame:
         """HELLO until it succeeds, with backoff and jitter, for at most `budget` seconds."""
         retrying = Retrying(
-            wait=wait_exponential_jitter(initial=0.05, max=2.0, jitter=0.2),
+            wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),
             stop=stop_any(stop_after_delay(budget), _stop_when_set(self.stop)),
             retry=retry_if_exception_type(TRANSIENT),
             sleep=self.stop.wait,

@@ -1,0 +1,170 @@
+"""The controller on a fake cluster: timing on one clock, history, and heal-all in every exit path."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.backends.base import Cluster, UnknownTarget
+from chaos.client import ToxiproxyClient
+from chaos.controller import Controller, History, Interrupted, read_history
+from chaos.toxiproxy import ToxiproxyServer
+from faults import Kill, Latency, Partition, Pause, Schedule
+
+
+class FakeCluster(Cluster):
+    """Processes are flags; links are real proxies on our Toxiproxy server."""
+
+    def __init__(self, toxiproxy: ToxiproxyClient, learners: int = 3) -> None:
+        self.learners = learners
+        self.toxiproxy = toxiproxy
+        self.running = {s: True for s in self.services()}
+        self.paused: set[str] = set()
+        self.calls: list[tuple[str, str]] = []
+        for proxy in self.link_proxies():
+            toxiproxy.create_proxy(proxy, "127.0.0.1:0", "127.0.0.1:9")
+
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+    def kill(self, target: str) -> None:
+        self.calls.append(("kill", self.check_target(target)))
+        self.running[target] = False
+
+    def pause(self, target: str) -> None:
+        self.calls.append(("pause", self.check_target(target)))
+        self.paused.add(target)
+
+    def resume(self, target: str) -> None:
+        self.calls.append(("resume", target))
+        self.paused.discard(target)
+
+    def restart(self, target: str) -> None:
+        self.calls.append(("restart", target))
+        self.running[target] = True
+
+    def is_running(self, target: str) -> bool:
+        return self.running[target]
+
+    def is_paused(self, target: str) -> bool:
+        return target in self.paused
+
+
+@pytest.fixture
+def proxy_server():
+    srv = ToxiproxyServer(host="127.0.0.1", port=0).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def cluster(proxy_server) -> FakeCluster:
+    return FakeCluster(ToxiproxyClient(proxy_server.url))
+
+
+def test_schedule_applied_on_time_and_recorded(cluster: FakeCluster, tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(
+        Kill(at=0.2, duration=0.3, target="learner-1"),
+        Partition(at=0.1, duration=0.5, targets=("learner-2",)),
+        Latency(at=0.3, duration=0.2, target="learner-3", latency_ms=100),
+    )).validate(3)
+    history = History(tmp_path / "history.jsonl")
+    seen_toxics: dict[str, set] = {}
+
+    def watch() -> None:  # observe the proxies while the schedule runs
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            for p in ("learner-2", "learner-3"):
+                seen_toxics.setdefault(p, set()).update(t["name"] for t in cluster.toxiproxy.toxics(p))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    Controller(cluster, schedule, history).run(duration=0.8)
+    watcher.join()
+    entries = read_history(tmp_path / "history.jsonl")
+    actions = [(e["event"], e.get("index")) for e in entries if e["event"] in ("start", "stop")]
+    assert actions == [("start", 1), ("start", 0), ("start", 2), ("stop", 0), ("stop", 2), ("stop", 1)]
+    for e in entries:
+        if e["event"] in ("start", "stop"):
+            assert e["ok"], e
+            assert e["at"] >= e["planned"] - 0.01 and e["at"] - e["planned"] < 0.3, e
+    assert ("kill", "learner-1") in cluster.calls and ("restart", "learner-1") in cluster.calls
+    assert seen_toxics["learner-2"] == {"partition_downstream", "partition_upstream"}
+    assert seen_toxics["learner-3"] == {"latency_downstream", "latency_upstream"}
+    for proxy in cluster.link_proxies():
+        assert cluster.toxiproxy.toxics(proxy) == [], f"{proxy} still has toxics after the run"
+    assert [e["reason"] for e in entries if e["event"] == "heal"] == ["start", "end"]
+
+
+def test_heal_all_is_idempotent_and_cleans_a_crashed_run(cluster: FakeCluster) -> None:
+    cluster.toxiproxy.add_toxic("learner-1", "timeout", "upstream", attributes={"timeout": 0})
+    cluster.toxiproxy.disable("learner-2")
+    cluster.pause("learner-3")
+    cluster.kill("syncer")
+    done = cluster.heal_all()
+    assert any("learner-1" in d for d in done) and "enabled learner-2" in done
+    assert "resumed learner-3" in done and "restarted syncer" in done
+    assert cluster.toxiproxy.toxics("learner-1") == []
+    assert cluster.toxiproxy.proxy("learner-2")["enabled"] is True
+    assert cluster.heal_all() == [], "a second heal found something to do"
+
+
+def test_exception_heals_and_is_recorded(cluster: FakeCluster, tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(Pause(at=0.0, duration=5.0, target="learner-2"),))
+    history = History(tmp_path / "h.jsonl")
+    controller = Controller(cluster, schedule, history)
+    real_wait = controller._wait_until
+    calls = {"n": 0}
+
+    def failing_wait(deadline: float) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom")
+        real_wait(deadline)
+
+    controller._wait_until = failing_wait  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="boom"):
+        controller.run(duration=5.0)
+    assert not cluster.is_paused("learner-2"), "learner-2 was left paused after an exception"
+    reasons = [e["reason"] for e in read_history(tmp_path / "h.jsonl") if e["event"] == "heal"]
+    assert reasons == ["start", "exception"]
+
+
+def test_sigterm_heals(cluster: FakeCluster, tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(Partition(at=0.0, duration=30.0, targets=("learner-1",), mode="refuse"),))
+    history = History(tmp_path / "h.jsonl")
+    controller = Controller(cluster, schedule, history)
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Interrupted):
+        controller.run(duration=30.0)
+    assert time.monotonic() - started < 5, "SIGTERM did not stop the run promptly"
+    assert cluster.toxiproxy.proxy("learner-1")["enabled"] is True
+    assert [e["reason"] for e in read_history(tmp_path / "h.jsonl") if e["event"] == "heal"] == ["start", "signal"]
+
+
+def test_errors_are_recorded_not_fatal(cluster: FakeCluster, tmp_path: Path) -> None:
+    cluster.toxiproxy.delete_proxy("learner-3")  # the latency fault will fail to apply
+    schedule = Schedule(seed=1, faults=(Latency(at=0.0, duration=0.1, target="learner-3", latency_ms=10),
+                                        Kill(at=0.05, duration=0.1, target="learner-1")))
+    history = History(tmp_path / "h.jsonl")
+    controller = Controller(cluster, schedule, history)
+    controller.run(duration=0.3)
+    entries = read_history(tmp_path / "h.jsonl")
+    failed = [e for e in entries if e["event"] == "start" and not e["ok"]]
+    assert len(failed) == 1 and "proxy not found" in failed[0]["error"]
+    assert ("restart", "learner-1") in cluster.calls, "a failed fault stopped the rest of the schedule"
+    assert controller.errors
+
+
+def test_unknown_targets_are_refused(cluster: FakeCluster) -> None:
+    with pytest.raises(UnknownTarget, match="learner-7"):
+        cluster.kill("learner-7")
+    with pytest.raises(UnknownTarget, match="no link of its own"):
+        cluster.link_proxy("syncer")
