@@ -68,14 +68,18 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0 if result.passed else 1
 
 
-def cmd_validate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def cmd_validate(argv: list[str]) -> int:
     from faults.cli import validate_main
-    return validate_main(args.rest)
+    return validate_main(argv)
 
 
-def cmd_toxiproxy(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def cmd_toxiproxy(argv: list[str]) -> int:
     from .toxiproxy import main as toxiproxy_main
-    return toxiproxy_main(args.rest)
+    return toxiproxy_main(argv)
+
+
+# Subcommands with parsers of their own: everything after the name is theirs.
+PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,19 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
 
-    p = sub.add_parser("validate", help="check a schedule file without running it", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_validate)
-
-    p = sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server", add_help=False)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
-    p.set_defaults(func=cmd_toxiproxy)
+    sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
+    sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASSTHROUGH:
+        return PASSTHROUGH[argv[0]](argv[1:])
     trainer_args: list[str] = []
     if argv[:1] == ["run"] and "--" in argv:
         cut = argv.index("--")

@@ -80,3 +80,35 @@ def test_next_run_starts_clean_after_sigkill(tmp_path: Path, isolated_home: Path
     finally:
         cluster.stop()
     assert not Registry("islands").path.exists(), "a clean stop left its registry behind"
+
+
+def test_external_toxiproxy_via_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TOXIPROXY_URL points the local backend at a separately running Toxiproxy server."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "chaos", "toxiproxy", "--host", "127.0.0.1", "--port", str(port)],
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    monkeypatch.setenv("TOXIPROXY_URL", f"http://127.0.0.1:{port}")
+    cluster = LocalCluster(tmp_path / "run", learners=2)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the external Toxiproxy server did not listen"
+                time.sleep(0.1)
+        cluster.start()
+        assert cluster._server is None and cluster.toxiproxy.url == f"http://127.0.0.1:{port}"
+        assert set(cluster.toxiproxy.proxies()) == {"learner-1", "learner-2"}
+        wait_for(tmp_path / "run", "merges with both learners through the external proxies",
+                 lambda ev: {c["learner"] for e in ev if e["kind"] == "merge" for c in e["contributors"]} == {1, 2},
+                 120)
+    finally:
+        cluster.stop()
+        server.terminate()
+        server.wait(timeout=10)
