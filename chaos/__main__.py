@@ -78,8 +78,13 @@ def cmd_toxiproxy(argv: list[str]) -> int:
     return toxiproxy_main(argv)
 
 
+def cmd_report(argv: list[str]) -> int:
+    from .report import main as report_main
+    return report_main(argv)
+
+
 # Subcommands with parsers of their own: everything after the name is theirs.
-PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy}
+PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
     sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")
+    sub.add_parser("report", help="write timeline.png and timeline.html for a run dir (report --help)")
     return parser
 
 

@@ -28,6 +28,10 @@ def _encode_bf16(name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _encode_int8(name: str, x: torch.Tensor) -> dict[str, torch.Tensor]:
     x = x.detach().to(torch.float32)
+    if not torch.isfinite(x).all():
+        # int8 has no NaN: carry it in the scale, so the receiver refuses the tensor
+        # instead of reading a diverged learner's update as plausible numbers.
+        return {name: torch.zeros_like(x, dtype=torch.int8), name + SCALE_SUFFIX: torch.tensor([float("nan")])}
     amax = x.abs().max() if x.numel() else torch.tensor(0.0)
     scale = (amax / 127.0) if amax > 0 else torch.tensor(1.0)
     q = torch.clamp(torch.round(x / scale), -127, 127).to(torch.int8)
@@ -42,7 +46,7 @@ def _decode_int8(name: str, parts: dict[str, torch.Tensor]) -> torch.Tensor:
     scale = parts[name + SCALE_SUFFIX]
     if scale.numel() != 1:
         raise ValueError(f"{name}{SCALE_SUFFIX}: expected one scale, got shape {tuple(scale.shape)}")
-    return parts[name].to(torch.float32) * scale.to(torch.float32)
+    return parts[name].to(torch.float32) * scale.to(torch.float32).reshape(())
 
 
 _ENCODERS: dict[str, Callable[[str, torch.Tensor], dict[str, torch.Tensor]]] = {

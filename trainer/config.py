@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from .codec import check_encoding
 from .fragments import validate_schedule
 from .model import ModelConfig
+from .outer import OuterConfig
 
 MODES = ("decoupled", "sync")
 
@@ -70,7 +71,11 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"config: unknown field {unknown[0]!r}")
         values = dict(data)
-        values["model"] = ModelConfig.from_dict(values.get("model", {}))
+        model = values.get("model", {})
+        unknown_model = sorted(set(model) - {f.name for f in fields(ModelConfig)})
+        if unknown_model:
+            raise ValueError(f"config: unknown field 'model.{unknown_model[0]}'")
+        values["model"] = ModelConfig.from_dict(model)
         return cls(**values)
 
 
@@ -100,5 +105,6 @@ class SyncerConfig:
             raise ValueError(f"max-staleness: must be >= 0, got {self.max_staleness}")
         if self.max_payload < 1024:
             raise ValueError(f"max-payload: must be >= 1024 bytes, got {self.max_payload}")
+        OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum
         if self.sync_checkpoint_every < 1:
             raise ValueError(f"sync-checkpoint-every: must be >= 1, got {self.sync_checkpoint_every}")

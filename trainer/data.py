@@ -77,6 +77,14 @@ class MarkovSource:
     concentration: float = 0.25
     seed: int = 1234
 
+    def __post_init__(self) -> None:
+        if not 2 <= self.alphabet <= 256 - ord("a"):
+            raise ValueError(f"--data: markov alphabet must be in [2, {256 - ord('a')}], got {self.alphabet}")
+        if not 0 <= self.order <= 4:
+            raise ValueError(f"--data: markov order must be in [0, 4], got {self.order}")
+        if not self.concentration > 0:
+            raise ValueError(f"--data: markov concentration must be > 0, got {self.concentration}")
+
     def transition_matrix(self) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
         n_ctx = self.alphabet**self.order
@@ -86,7 +94,7 @@ class MarkovSource:
         """Stationary distribution over contexts, by power iteration on the context chain."""
         n_ctx = trans.shape[0]
         pi = np.full(n_ctx, 1.0 / n_ctx)
-        nxt_ctx = (np.arange(n_ctx)[:, None] * self.alphabet) % n_ctx + np.arange(self.alphabet)[None, :]
+        nxt_ctx = (np.arange(n_ctx)[:, None] * self.alphabet + np.arange(self.alphabet)[None, :]) % n_ctx
         for _ in range(10_000):
             new = np.zeros(n_ctx)
             np.add.at(new, nxt_ctx.ravel(), (pi[:, None] * trans).ravel())
@@ -161,7 +169,10 @@ def load_corpus(spec: str) -> Corpus:
                 key, _, value = item.partition("=")
                 if key not in ("alphabet", "order", "concentration", "seed"):
                     raise ValueError(f"--data: unknown markov option {key!r}")
-                kwargs[key] = float(value) if key == "concentration" else int(value)
+                try:
+                    kwargs[key] = float(value) if key == "concentration" else int(value)
+                except ValueError:
+                    raise ValueError(f"--data: markov option {key}: expected a number, got {value!r}") from None
         return MarkovSource(**kwargs).corpus()  # type: ignore[arg-type]
     return load_text(spec)
 

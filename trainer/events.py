@@ -84,9 +84,9 @@ class EventLog:
             "kind": kind,
         }
         record.update(fields)
-        if self._file is not None:
-            line = json.dumps(_clean(record), separators=(",", ":"))
-            with self._lock:
+        line = json.dumps(_clean(record), separators=(",", ":"))
+        with self._lock:
+            if self._file is not None:
                 self._file.write(line + "\n")
         return record
 

@@ -62,6 +62,8 @@ class FragmentClock:
 
 
 def validate_schedule(sync_every: int, num_fragments: int, overlap: int) -> None:
+    if num_fragments < 1:
+        raise ValueError(f"fragments (P): must be >= 1, got {num_fragments}")
     if sync_every < 1:
         raise ValueError(f"sync_every (H): must be >= 1, got {sync_every}")
     if sync_every % num_fragments:

@@ -285,6 +285,7 @@ class Learner:
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
 
     def _send_push(self, item: OutgoingPush) -> None:
+        self.queue.claim(item)  # before encoding: a push queued meanwhile must not merge into it
         if item.frame is None:
             header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
                       "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
@@ -311,7 +312,7 @@ class Learner:
 
     def _drop_refused_push(self, exc: Refused) -> None:
         item = self.queue.peek()
-        if item is not None and item.frame is not None:
+        if item is not None and item.claimed:
             self.queue.pop(item)
             self._await_version(item.fragment, self.syncer_versions[item.fragment])
             self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",

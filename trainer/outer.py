@@ -35,9 +35,9 @@ class OuterConfig:
 
     def __post_init__(self) -> None:
         if not self.lr > 0:
-            raise ValueError(f"outer_lr: must be > 0, got {self.lr}")
+            raise ValueError(f"outer-lr: must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
-            raise ValueError(f"outer_momentum: must be in [0, 1), got {self.momentum}")
+            raise ValueError(f"outer-momentum: must be in [0, 1), got {self.momentum}")
 
 
 def nesterov_step(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],

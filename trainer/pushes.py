@@ -28,6 +28,7 @@ class OutgoingPush:
     attempts: int = 0
     frame: bytes | None = field(default=None, repr=False)  # fixed at the first attempt
     coalesced: int = 0
+    claimed: bool = False  # the sender took it: from now on it is never coalesced into
 
 
 class PushQueue:
@@ -43,7 +44,7 @@ class PushQueue:
         """Never blocks: coalesces into an unsent push of the same fragment if there is one."""
         with self._cond:
             for item in self._items:
-                if item.fragment == push.fragment and item.frame is None:
+                if item.fragment == push.fragment and not item.claimed:
                     for name, d in push.delta.items():
                         item.delta[name].add_(d)
                     item.tokens += push.tokens
@@ -61,6 +62,16 @@ class PushQueue:
     def peek(self) -> OutgoingPush | None:
         with self._cond:
             return self._items[0] if self._items else None
+
+    def claim(self, item: OutgoingPush | None = None) -> OutgoingPush | None:
+        """Mark `item` (default: the head) as taken by the sender, under the lock, so a push
+        queued while it is being encoded starts a new item instead of changing this one."""
+        with self._cond:
+            if item is None:
+                item = self._items[0] if self._items else None
+            if item is not None:
+                item.claimed = True
+            return item
 
     def pop(self, push: OutgoingPush) -> None:
         with self._cond:

@@ -201,6 +201,7 @@ class Syncer:
     def stop(self, reason: str = "stop") -> None:
         """Stop serving, merge what is pending, write the final state."""
         if not self._running:
+            self.events.close()
             return
         self._running = False
         if self._listener is not None:
@@ -312,7 +313,7 @@ class Syncer:
     def _dispatch(self, frame: wire.Frame, conn_id: int, learner: int | None,
                   sock: socket.socket) -> tuple[bytes | None, int | None]:
         if frame.type == wire.HELLO:
-            return self._on_hello(frame, conn_id), wire.header_int(frame.header, "learner", 1)
+            return self._on_hello(frame, conn_id), wire.header_int(frame.header, "learner")
         assert learner is not None
         with self.cond:
             m = self.members.current(learner, conn_id)
@@ -338,7 +339,7 @@ class Syncer:
     # ----------------------------------------------------------------- handlers
     def _on_hello(self, frame: wire.Frame, conn_id: int) -> bytes:
         h = frame.header
-        learner = wire.header_int(h, "learner", 1)
+        learner = wire.header_int(h, "learner")
         nonce = wire.header_str(h, "nonce")
         mode = wire.header_str(h, "mode")
         if mode != self.train.mode:
@@ -430,10 +431,13 @@ class Syncer:
                     "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding}
             try:
                 nbytes = save_tensors(path, frame.tensors(), meta)
-            finally:
+            except BaseException:
                 with self.cond:
                     frag.merging.discard(ident)
+                raise
             with self.cond:
+                # The id moves from reserved to pending in one step: a retry never finds it in neither.
+                frag.merging.discard(ident)
                 version = frag.version  # the next merge of this fragment will include this push
                 frag.pending.append(PendingPush(contribution, steps, encoding, path, time.monotonic()))
                 m.position = max(m.position, position)
@@ -568,7 +572,13 @@ class Syncer:
                 for frag in self.frags:
                     why = self._ready(frag, now)
                     if why and self._running:
-                        self._merge(frag, reason=why)
+                        try:
+                            self._merge(frag, reason=why)
+                        except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
+                            self.counters["merge_errors"] += 1
+                            self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
+                                             error=f"{type(exc).__name__}: {exc}")
+                            self.cond.wait(0.5)
 
     def _merge(self, frag: FragmentState, reason: str) -> None:
         """Apply one outer step to a fragment. Called under the lock, which it releases

@@ -93,10 +93,11 @@ def load_secret(secret_file: str | None = None) -> bytes:
     """The shared HMAC secret: --secret-file, else $ISLANDS_SECRET_FILE, else $ISLANDS_SECRET."""
     path = secret_file or os.environ.get(SECRET_FILE_ENV)
     if path:
+        origin = "--secret-file" if secret_file else f"${SECRET_FILE_ENV}"
         try:
             secret = Path(path).read_bytes().strip()
         except OSError as exc:
-            raise ValueError(f"--secret-file: cannot read {path}: {exc.strerror}") from exc
+            raise ValueError(f"{origin}: cannot read {path}: {exc.strerror}") from exc
         source = f"secret file {path}"
     else:
         secret = os.environ.get(SECRET_ENV, "").encode()

@@ -1,0 +1,357 @@
+"""The HTTP API, answering byte-for-byte like Toxiproxy 2.12's gorilla/mux server.
+
+Routing order matters and follows mux: unclean paths get a 301, an unknown
+path 404 ("404 page not found"), a known path with the wrong method 405 with
+an empty body, and only then do the middlewares run (403 for browsers).
+Errors are JSON text sent as text/plain (Go's http.Error), successes are
+compact JSON as application/json.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import secrets
+import socket
+import socketserver
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Callable
+from urllib.parse import unquote
+
+from . import jsonio
+from .collection import PROXY_FIELDS, PopulateError, ProxyCollection, proxy_list_json
+from .errors import (
+    ERR_BAD_REQUEST_BODY,
+    ERR_MISSING_FIELD,
+    AlreadyStarted,
+    ApiError,
+    ListenError,
+    internal,
+)
+from .proxy import Proxy
+
+log = logging.getLogger(__name__)
+
+VERSION = "2.12.0"
+JSON = "application/json"
+TEXT = "text/plain; charset=utf-8"
+MAX_BODY = 16 << 20
+_XID_ALPHABET = "0123456789abcdefghijklmnopqrstuv"
+
+
+@dataclass
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str | None = None
+    headers: list[tuple[str, str]] = field(default_factory=list)
+
+
+def json_response(status: int, value: Any) -> Response:
+    return Response(status, jsonio.dumps(value).encode(), JSON)
+
+
+def error_response(err: ApiError) -> Response:
+    """Go's apiError: JSON body, but http.Error makes it text/plain with a newline."""
+    body = (jsonio.dumps(err.to_json()) + "\n").encode()
+    return Response(err.status, body, TEXT, [("X-Content-Type-Options", "nosniff")])
+
+
+class Api:
+    """The endpoint handlers; transport-free so they are easy to reason about."""
+
+    def __init__(self, proxies: ProxyCollection) -> None:
+        self.proxies = proxies
+        self.routes: list[tuple[tuple[str, ...], dict[str, Callable[..., Response]]]] = [
+            (("reset",), {"POST": self.reset}),
+            (("proxies",), {"GET": self.proxy_index, "POST": self.proxy_create}),
+            (("populate",), {"POST": self.populate}),
+            (("proxies", "{proxy}"), {"GET": self.proxy_show, "POST": self.proxy_update,
+                                      "PATCH": self.proxy_update, "DELETE": self.proxy_delete}),
+            (("proxies", "{proxy}", "toxics"), {"GET": self.toxic_index,
+                                                "POST": self.toxic_create}),
+            (("proxies", "{proxy}", "toxics", "{toxic}"), {
+                "GET": self.toxic_show, "POST": self.toxic_update,
+                "PATCH": self.toxic_update, "DELETE": self.toxic_delete}),
+            (("version",), {"GET": self.version}),
+        ]
+
+    def match(self, method: str, path: str) -> tuple[Callable[..., Response] | None, dict, bool]:
+        """(handler, path vars, path_known): handler None + known path means 405."""
+        if not path.startswith("/"):
+            return None, {}, False
+        parts = tuple(path[1:].split("/"))
+        known = False
+        for pattern, methods in self.routes:
+            if len(pattern) != len(parts):
+                continue
+            params: dict[str, str] = {}
+            for want, got in zip(pattern, parts):
+                if want.startswith("{"):
+                    if not got:
+                        break
+                    params[want[1:-1]] = got
+                elif want != got:
+                    break
+            else:
+                known = True
+                handler = methods.get(method)
+                if handler is not None:
+                    return handler, params, True
+        return None, {}, known
+
+    # --- endpoints ---------------------------------------------------------------
+
+    def version(self, body: bytes) -> Response:
+        return Response(200, f'{{"version": "{VERSION}"}}\n'.encode(),
+                        "application/json;charset=utf-8")
+
+    def proxy_index(self, body: bytes) -> Response:
+        proxies = self.proxies.proxies()
+        return json_response(200, {name: proxies[name].to_json() for name in sorted(proxies)})
+
+    def proxy_create(self, body: bytes) -> Response:
+        try:
+            value = jsonio.decode_first(body)
+            fields = jsonio.decode_struct(value, PROXY_FIELDS, "Proxy", "toxiproxy.Proxy")
+        except jsonio.DecodeError as exc:
+            raise ERR_BAD_REQUEST_BODY.joined(str(exc)) from None
+        for required in ("name", "upstream"):
+            if not fields.get(required):
+                raise ERR_MISSING_FIELD.joined(required)
+        proxy = Proxy(fields["name"], fields.get("listen", ""), fields["upstream"])
+        self.proxies.add(proxy, fields.get("enabled", True))
+        return json_response(201, proxy.to_json())
+
+    def populate(self, body: bytes) -> Response:
+        try:
+            applied = self.proxies.populate_json(body)
+        except PopulateError as err:
+            payload = {**err.to_json(), "proxies": proxy_list_json(err.applied)}
+            return Response(err.status, jsonio.dumps(payload).encode(), JSON)
+        return json_response(201, {"proxies": proxy_list_json(applied)})
+
+    def proxy_show(self, body: bytes, proxy: str) -> Response:
+        return json_response(200, self.proxies.get(proxy).to_json())
+
+    def proxy_update(self, body: bytes, proxy: str) -> Response:
+        target = self.proxies.get(proxy)
+        try:
+            value = jsonio.decode_first(body)
+            fields = jsonio.decode_struct(value, PROXY_FIELDS, "Proxy", "toxiproxy.Proxy")
+        except jsonio.DecodeError as exc:
+            raise ERR_BAD_REQUEST_BODY.joined(str(exc)) from None
+        try:
+            target.update(fields.get("listen", target.listen),
+                          fields.get("upstream", target.upstream),
+                          fields.get("enabled", target.enabled))
+        except ListenError as exc:
+            raise internal(str(exc)) from None
+        return json_response(200, target.to_json())
+
+    def proxy_delete(self, body: bytes, proxy: str) -> Response:
+        self.proxies.remove(proxy)
+        return Response(204)
+
+    def toxic_index(self, body: bytes, proxy: str) -> Response:
+        return json_response(200, self.proxies.get(proxy).toxics.array())
+
+    def toxic_create(self, body: bytes, proxy: str) -> Response:
+        return json_response(200, self.proxies.get(proxy).toxics.add_json(body))
+
+    def toxic_show(self, body: bytes, proxy: str, toxic: str) -> Response:
+        return json_response(200, self.proxies.get(proxy).toxics.get(toxic))
+
+    def toxic_update(self, body: bytes, proxy: str, toxic: str) -> Response:
+        return json_response(200, self.proxies.get(proxy).toxics.update_json(toxic, body))
+
+    def toxic_delete(self, body: bytes, proxy: str, toxic: str) -> Response:
+        self.proxies.get(proxy).toxics.remove(toxic)
+        return Response(204)
+
+    def reset(self, body: bytes) -> Response:
+        for proxy in self.proxies.proxies().values():
+            try:
+                proxy.start()
+            except AlreadyStarted:
+                pass
+            except ListenError as exc:
+                raise internal(str(exc)) from None
+            proxy.toxics.reset()
+        return Response(204)
+
+
+def clean_path(path: str) -> str:
+    """gorilla/mux cleanPath: path.Clean, keeping one trailing slash."""
+    if path == "":
+        return "/"
+    if not path.startswith("/"):
+        path = "/" + path
+    cleaned = posixpath.normpath(path)
+    if cleaned.startswith("//"):
+        cleaned = "/" + cleaned.lstrip("/")
+    if path.endswith("/") and cleaned != "/":
+        cleaned += "/"
+    return cleaned
+
+
+def _request_id() -> str:
+    return "".join(secrets.choice(_XID_ALPHABET) for _ in range(20))
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Transport: parse, route like mux, and write Go-shaped responses."""
+
+    protocol_version = "HTTP/1.1"
+    timeout = 60  # Go's IdleTimeout
+    server: "ApiHTTPServer"
+
+    def __getattr__(self, name: str) -> Any:
+        # Any method reaches the router, which answers 404/405 as mux does.
+        if name.startswith("do_"):
+            return self._dispatch
+        raise AttributeError(name)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """Malformed requests: Go answers a plain "400 Bad Request" and closes."""
+        body = f"{code} {self.responses.get(code, ('',))[0]}".encode()
+        try:
+            self.send_response_only(code)
+            self.send_header("Content-Type", TEXT)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+        except OSError:
+            pass
+        self.close_connection = True
+
+    def _read_body(self) -> bytes | None:
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            chunks = []
+            total = 0
+            while True:
+                line = self.rfile.readline(65537)
+                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                total += size
+                if total > MAX_BODY:
+                    return None
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline(3)
+        length = self.headers.get("Content-Length")
+        if not length:
+            return b""
+        count = int(length)
+        if count < 0 or count > MAX_BODY:
+            return None
+        return self.rfile.read(count)
+
+    def _original_target(self) -> str:
+        """The request target as sent: http.server collapses a leading "//", mux redirects it."""
+        words = self.raw_requestline.decode("iso-8859-1").split()
+        return words[1] if len(words) >= 2 else self.path
+
+    def _dispatch(self) -> None:
+        try:
+            body = self._read_body()
+        except (ValueError, OSError):
+            body = None
+        if body is None:
+            self.send_error(400)
+            return
+        raw_path = self._original_target()
+        if "://" in raw_path.split("?", 1)[0]:
+            raw_path = "/" + raw_path.split("://", 1)[1].partition("/")[2]
+        raw_path, _, query = raw_path.partition("?")
+        path = unquote(raw_path)
+        cleaned = clean_path(path)
+        if cleaned != path:
+            location = cleaned + (f"?{query}" if query else "")
+            self._send(Response(301, b"", None, [("Location", location)]))
+            return
+        handler, params, known = self.server.api.match(self.command, path)
+        if handler is None and not known:
+            self._send(Response(404, b"404 page not found\n", TEXT,
+                                [("X-Content-Type-Options", "nosniff")]))
+            return
+        if handler is None:
+            self._send(Response(405))
+            return
+        request_id = ("X-Toxiproxy-Request-Id", _request_id())
+        if self.headers.get("User-Agent", "").startswith("Mozilla/"):
+            response = Response(403, b"User agent not allowed\n", TEXT,
+                                [("X-Content-Type-Options", "nosniff")])
+        else:
+            try:
+                response = handler(body, **params)
+            except ApiError as err:
+                response = error_response(err)
+            except Exception as exc:  # pragma: no cover - surfaced as Go would: a 500
+                log.exception("handler failed")
+                response = error_response(internal(str(exc)))
+        response.headers.append(request_id)
+        self._send(response)
+
+    def _send(self, response: Response) -> None:
+        self.log_request(response.status)
+        self.send_response_only(response.status)
+        self.send_header("Date", self.date_time_string())
+        if response.content_type:
+            self.send_header("Content-Type", response.content_type)
+        for name, value in response.headers:
+            self.send_header(name, value)
+        if response.status != 204 and response.status >= 200:
+            self.send_header("Content-Length", str(len(response.body)))
+        self.end_headers()
+        if self.command != "HEAD" and response.body:
+            self.wfile.write(response.body)
+
+
+class ApiHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer that skips reverse DNS at bind and can cut idle keep-alives."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], api: Api) -> None:
+        self.api = api
+        self._open: set[socket.socket] = set()
+        self._open_lock = threading.Lock()
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, Handler)
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.socket.getsockname()[:2]
+        self.server_name = host
+        self.server_port = port
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            self._open.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._open_lock:
+            self._open.discard(request)
+        super().shutdown_request(request)
+
+    def close_open_connections(self) -> None:
+        """Wake handler threads blocked on idle keep-alive sockets so they exit."""
+        with self._open_lock:
+            sockets = list(self._open)
+        for sock in sockets:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
