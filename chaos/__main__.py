@@ -36,6 +36,11 @@ def print_verdicts(result) -> None:
     if "goodput" in s:
         print(f"  goodput {s['goodput']:.1%}, {s['merges']} merges / {s['sync_rounds']} sync rounds, "
               f"{s['tokens_processed']} tokens, recent training loss {s['train_loss_recent']}")
+    if s.get("final_loss") is not None:
+        floor = s.get("loss_floor")
+        print(f"  final held-out loss {s['final_loss']:.4f} (unigram entropy {s['unigram_entropy']:.4f}, "
+              f"loss floor {floor:.4f})" if floor is not None else
+              f"  final held-out loss {s['final_loss']:.4f} (unigram entropy {s['unigram_entropy']:.4f})")
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -66,6 +71,24 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         return 1
     print_verdicts(result)
     return 0 if result.passed else 1
+
+
+DEMO_SCHEDULE = Path(__file__).resolve().parent.parent / "examples" / "schedules" / "kill-partition-latency.yaml"
+
+
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """The README's demo: a kill, a partition and latency on 3 learners, checks, a report."""
+    from .report import write_report
+
+    args.schedule = str(args.schedule or DEMO_SCHEDULE)
+    args.out = args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}"
+    args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", 3, None, "decoupled", \
+        "markov", None
+    status = cmd_run(args, parser)
+    if (Path(args.out) / "events").is_dir():
+        png, html = write_report(Path(args.out))
+        print(f"\nreport: {html}\n        {png}")
+    return status
 
 
 def cmd_validate(argv: list[str]) -> int:
@@ -103,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
+
+    p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report")
+    p.add_argument("--out", help="run directory (default runs/demo-<timestamp>)")
+    p.add_argument("--schedule", help=f"schedule file (default {DEMO_SCHEDULE.name})")
+    p.set_defaults(func=cmd_demo, trainer_args=[])
 
     sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
     sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")

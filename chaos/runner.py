@@ -6,6 +6,8 @@ test replays with exactly the same code path from the command line.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +66,25 @@ def default_duration(schedule: Schedule) -> float:
     return schedule.horizon + TAIL_SECONDS
 
 
-def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None) -> RunResult:
+def final_loss(run_dir: Path, data: str) -> dict:
+    """Held-out loss of the syncer's final parameters, through the trainer's own CLI."""
+    state = run_dir / "state"
+    if not state.is_dir():
+        return {}
+    try:
+        out = subprocess.run([sys.executable, "-m", "trainer", "eval", "--state-dir", str(state), "--data", data],
+                             capture_output=True, text=True, timeout=120, check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as exc:
+        return {"eval_error": str(exc)}
+
+
+def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None, data: str = "markov") -> RunResult:
     view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE))
     verdicts = run_checkers(view, checker_options)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
+    summary.update(final_loss(run_dir, data))
     document["summary"] = summary
     (run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
     return RunResult(run_dir, verdicts, document, summary)
@@ -99,4 +115,4 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
             cluster.stop()
         finally:
             history.close()
-    return evaluate_run(run_dir, learners, checker_options)
+    return evaluate_run(run_dir, learners, checker_options, data)

@@ -112,6 +112,28 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0 if summary.get("final_loss") is not None else 1
 
 
+def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Held-out loss of the global parameters in a syncer state directory, as JSON."""
+    from .config import TrainConfig
+    from .launch import evaluate, final_parameters
+    from .model import ModelConfig
+    from .state import StateDir, read_json
+
+    state = Path(args.state_dir)
+    meta = read_json(StateDir(state).meta_path) if state.is_dir() else None
+    if meta is None:
+        parser.error(f"--state-dir: {state} holds no syncer state (no meta.json)")
+    fp = meta["fingerprint"]
+    train = TrainConfig(model=ModelConfig.from_dict(fp["model"]), mode=fp["mode"], seed=fp["seed"],
+                        fragments=fp["fragments"], sync_every=max(fp["fragments"], TrainConfig.sync_every),
+                        max_unsent_pushes=max(8, fp["fragments"] + 1))
+    corpus = _corpus(args.data, parser)
+    loss = evaluate(final_parameters(state, train, state_dir=state), train, corpus)
+    print(json.dumps({"final_loss": round(loss, 4), "loss_floor": corpus.entropy_rate,
+                      "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}))
+    return 0
+
+
 def print_summary(s: dict, out: Path) -> None:
     floor = s.get("loss_floor")
     rows = [
@@ -159,6 +181,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=positive_float, default=1.0, help="(0, 1]: artificial slowdown factor")
     p.add_argument("--connect-timeout", type=positive_float, default=60.0)
     p.set_defaults(func=cmd_learner)
+
+    p = sub.add_parser("eval", help="held-out loss of the global parameters in a state dir (JSON)")
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
+    p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="start a local cluster, train, and print a summary")
     add_common_args(p)

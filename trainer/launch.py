@@ -197,8 +197,8 @@ class ProgressTail:
         return {"loss": f"{loss:.3f}", "version": self.version, "rounds": self.rounds}
 
 
-def final_parameters(run_dir: Path, train: TrainConfig) -> dict[str, torch.Tensor]:
-    store = StateDir(run_dir / "state")
+def final_parameters(run_dir: Path, train: TrainConfig, state_dir: Path | None = None) -> dict[str, torch.Tensor]:
+    store = StateDir(state_dir if state_dir is not None else run_dir / "state")
     if train.mode == "sync":
         tensors, _ = load_tensors(store.sync_path)
         return {k[len(PARAM):]: v for k, v in tensors.items() if k.startswith(PARAM)}
