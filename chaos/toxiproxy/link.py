@@ -281,13 +281,9 @@ class Link:
         src_fd, dst_fd = self.src.fileno(), self.dst.fileno()
         rpoll = self._poller(src_fd, _IN)
         while True:
-            if self.dirty or self.ended or self.conn.closing:
-                with self.cv:
-                    self._sync()
-                    if self.stopping():
-                        return "stop"
-                    if self._needs_slow():
-                        return "changed"
+            verdict = self._control()
+            if verdict:
+                return verdict
             if not self._wait_readable(rpoll, src_fd):
                 continue
             try:
@@ -314,6 +310,18 @@ class Link:
                     self.end_direction()
                     return "stop"
 
+    def _control(self) -> str | None:
+        """Between chunks of a fast loop: "stop", "changed" (toxics now need the slow
+        path), or None to keep forwarding."""
+        if self.dirty or self.ended or self.conn.closing:
+            with self.cv:
+                self._sync()
+                if self.stopping():
+                    return "stop"
+                if self._needs_slow():
+                    return "changed"
+        return None
+
     def _copy_loop(self) -> str:
         """Fallback without splice: recv_into/send on the same scheme."""
         buf = bytearray(SPLICE_SIZE)
@@ -321,13 +329,9 @@ class Link:
         src_fd = self.src.fileno()
         rpoll = self._poller(src_fd, _IN)
         while True:
-            if self.dirty or self.ended or self.conn.closing:
-                with self.cv:
-                    self._sync()
-                    if self.stopping():
-                        return "stop"
-                    if self._needs_slow():
-                        return "changed"
+            verdict = self._control()
+            if verdict:
+                return verdict
             if not self._wait_readable(rpoll, src_fd):
                 continue
             try:

@@ -15,7 +15,6 @@ from trainer.codec import encode
 from trainer.config import TrainConfig
 from trainer.data import load_corpus
 from trainer.launch import evaluate, final_parameters
-from trainer.model import build_model
 
 from .cluster_helpers import contributed, make_cluster, merges, wait_for
 

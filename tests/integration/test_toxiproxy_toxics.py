@@ -31,19 +31,6 @@ from chaos.toxiproxy.testing import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def srv():
-    server = ToxiproxyServer(host="127.0.0.1", port=0).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def echo():
-    with EchoServer() as server:
-        yield server
-
-
 class Api:
     def __init__(self, url: str) -> None:
         self.url = url

@@ -7,14 +7,11 @@ import time
 import pytest
 
 from chaos.client import BadRequest, Conflict, NotFound, ToxiproxyClient, Unreachable
-from chaos.toxiproxy import ToxiproxyServer
 
 
 @pytest.fixture
-def client():
-    srv = ToxiproxyServer(host="127.0.0.1", port=0).start()
-    yield ToxiproxyClient(srv.url)
-    srv.stop()
+def client(srv) -> ToxiproxyClient:
+    return ToxiproxyClient(srv.url)
 
 
 def test_round_trip(client: ToxiproxyClient) -> None:

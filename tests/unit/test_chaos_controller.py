@@ -12,7 +12,6 @@ import pytest
 from chaos.backends.base import Cluster, UnknownTarget
 from chaos.client import ToxiproxyClient
 from chaos.controller import Controller, History, Interrupted, read_history
-from chaos.toxiproxy import ToxiproxyServer
 from faults import Kill, Latency, Partition, Pause, Schedule
 
 
@@ -55,15 +54,8 @@ class FakeCluster(Cluster):
 
 
 @pytest.fixture
-def proxy_server():
-    srv = ToxiproxyServer(host="127.0.0.1", port=0).start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def cluster(proxy_server) -> FakeCluster:
-    return FakeCluster(ToxiproxyClient(proxy_server.url))
+def cluster(srv) -> FakeCluster:
+    return FakeCluster(ToxiproxyClient(srv.url))
 
 
 def test_schedule_applied_on_time_and_recorded(cluster: FakeCluster, tmp_path: Path) -> None:

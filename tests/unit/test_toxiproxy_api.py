@@ -13,23 +13,9 @@ import socket
 import pytest
 import requests
 
-from chaos.toxiproxy import ToxiproxyServer
 from chaos.toxiproxy.testing import EchoServer, connect, port_of, round_trip, wait_until
 
 TEXT = "text/plain; charset=utf-8"
-
-
-@pytest.fixture
-def srv():
-    server = ToxiproxyServer(host="127.0.0.1", port=0).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def echo():
-    with EchoServer() as server:
-        yield server
 
 
 @pytest.fixture

@@ -14,21 +14,7 @@ from toxiproxy import Toxiproxy
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
-from chaos.toxiproxy import ToxiproxyServer
-from chaos.toxiproxy.testing import EchoServer, connect, port_of, round_trip
-
-
-@pytest.fixture
-def srv():
-    server = ToxiproxyServer(host="127.0.0.1", port=0).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def echo():
-    with EchoServer() as server:
-        yield server
+from chaos.toxiproxy.testing import connect, port_of, round_trip
 
 
 @pytest.fixture
