@@ -267,6 +267,60 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
+def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 2) -> Verdict:
+    """After the final heal, every learner still running at the end holds parameters
+    within `tolerance` (relative L2) of a global version at most `max_lag` behind the
+    syncer's final one. Read from each learner's `final_params` event at its clean stop."""
+    final = view.final_state()
+    if final is None or "versions" not in final:
+        return Verdict("converged", UNKNOWN, "no final versions from the syncer (sync mode, or no clean stop)")
+    finals: dict[int, dict] = {}
+    for e in view.events:
+        if e["kind"] == "final_params":
+            finals[e["learner"]] = e
+    rows, bad = [], []
+    for learner in view.learners():
+        e = finals.get(learner)
+        if e is None:
+            rows.append({"learner": learner, "status": "no clean stop"})
+            continue
+        for frag in e["fragments"]:
+            lag = final["versions"][frag["fragment"]] - frag["version"]
+            row = {"learner": learner, "fragment": frag["fragment"], "lag": lag, "drift": round(frag["drift"], 5)}
+            rows.append(row)
+            if lag > max_lag or not frag["drift"] <= tolerance:
+                bad.append(row)
+    evidence = {"tolerance": tolerance, "max_lag": max_lag, "learners": rows}
+    if bad:
+        return Verdict("converged", FAIL, f"{len(bad)} learner fragment(s) far from the global parameters", evidence)
+    if any(r.get("status") for r in rows):
+        return Verdict("converged", UNKNOWN, "some learners did not stop cleanly", evidence)
+    worst = max((r["drift"] for r in rows), default=0.0)
+    return Verdict("converged", PASS, f"every learner within {worst:.4f} of a recent global version", evidence)
+
+
+def check_final_loss(view: RunView, threshold: float | None = None, reference: float | None = None,
+                     margin: float = 0.1) -> Verdict:
+    """The held-out loss of the final global parameters is below `threshold` (default:
+    the data's unigram entropy − 0.3, i.e. clearly learned), or within `margin` of a
+    fault-free `reference` run's loss when one is given."""
+    evals = [e for e in view.events if e["kind"] == "eval"]
+    if not evals:
+        return Verdict("final_loss", UNKNOWN, "no evaluation of the final parameters")
+    e = evals[-1]
+    loss = e["final_loss"]
+    if reference is not None:
+        limit, rule = reference + margin, f"reference {reference:.4f} + {margin}"
+    elif threshold is not None:
+        limit, rule = threshold, f"threshold {threshold:.4f}"
+    else:
+        limit, rule = e["unigram_entropy"] - 0.3, f"unigram entropy {e['unigram_entropy']:.4f} − 0.3"
+    evidence = {"final_loss": loss, "limit": limit, "rule": rule, "loss_floor": e.get("loss_floor")}
+    if not (isinstance(loss, float) and loss <= limit):
+        return Verdict("final_loss", FAIL, f"final loss {loss} above {rule}", evidence)
+    return Verdict("final_loss", PASS, f"final loss {loss:.4f} <= {limit:.4f} ({rule})", evidence)
+
+
 CHECKERS: dict[str, Callable[..., Verdict]] = {
     "progress": check_progress,
     "self_heal": check_self_heal,
@@ -275,6 +329,8 @@ CHECKERS: dict[str, Callable[..., Verdict]] = {
     "no_double_apply": check_no_double_apply,
     "monotonic_versions": check_monotonic_versions,
     "finite": check_finite,
+    "converged": check_converged,
+    "final_loss": check_final_loss,
 }
 
 

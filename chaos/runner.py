@@ -72,7 +72,8 @@ def final_loss(run_dir: Path, data: str) -> dict:
     if not state.is_dir():
         return {}
     try:
-        out = subprocess.run([sys.executable, "-m", "trainer", "eval", "--state-dir", str(state), "--data", data],
+        out = subprocess.run([sys.executable, "-m", "trainer", "eval", "--state-dir", str(state), "--data", data,
+                              "--run-dir", str(run_dir)],
                              capture_output=True, text=True, timeout=120, check=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
     except (subprocess.SubprocessError, ValueError, IndexError) as exc:
@@ -80,11 +81,12 @@ def final_loss(run_dir: Path, data: str) -> dict:
 
 
 def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None, data: str = "markov") -> RunResult:
+    evaluation = final_loss(run_dir, data)  # writes the `eval` event the final_loss check reads
     view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE))
     verdicts = run_checkers(view, checker_options)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
-    summary.update(final_loss(run_dir, data))
+    summary.update(evaluation)
     document["summary"] = summary
     (run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
     return RunResult(run_dir, verdicts, document, summary)

@@ -129,8 +129,14 @@ def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                         max_unsent_pushes=max(8, fp["fragments"] + 1))
     corpus = _corpus(args.data, parser)
     loss = evaluate(final_parameters(state, train, state_dir=state), train, corpus)
-    print(json.dumps({"final_loss": round(loss, 4), "loss_floor": corpus.entropy_rate,
-                      "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}))
+    result = {"final_loss": round(loss, 4), "loss_floor": corpus.entropy_rate,
+              "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}
+    if args.run_dir:
+        from .events import EventLog
+        log = EventLog(args.run_dir, "evaluator")
+        log.emit("eval", **result)
+        log.close()
+    print(json.dumps(result))
     return 0
 
 
@@ -185,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="held-out loss of the global parameters in a state dir (JSON)")
     p.add_argument("--state-dir", required=True)
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
+    p.add_argument("--run-dir", help="also write an `eval` event to RUN_DIR/events/evaluator.jsonl")
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("run", help="start a local cluster, train, and print a summary")

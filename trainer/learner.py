@@ -157,6 +157,8 @@ class Learner:
         self.queue = PushQueue(cfg.max_unsent_pushes)
         refs = {f: {n: self.params[n].detach().clone() for n in names}
                 for f, names in enumerate(self.fragment_names)}
+        # The global parameters last adopted, per fragment: what convergence is measured against.
+        self.globals = {f: {n: t.clone() for n, t in ref.items()} for f, ref in refs.items()}
         tokens_since = [0] * len(self.fragment_names)
         steps_since = [0] * len(self.fragment_names)
         last_push_step = [0] * len(self.fragment_names)
@@ -199,6 +201,7 @@ class Learner:
             for f in clock.due(step):
                 push(f)
             self._throttle(compute_s)
+        self._report_final_params()
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
             if steps_since[f]:
                 push(f)
@@ -232,8 +235,20 @@ class Learner:
         steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
         with self._versions_lock:
             self.adopted_versions[f] = version
+        self.globals[f] = tensors
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation)
         return True
+
+    def _report_final_params(self) -> None:
+        """At a clean stop: how far this learner is from the global version it last adopted."""
+        rows = []
+        with torch.no_grad():
+            for f, names in enumerate(self.fragment_names):
+                diff = sum(float((self.params[n] - self.globals[f][n]).pow(2).sum()) for n in names) ** 0.5
+                norm = sum(float(self.globals[f][n].pow(2).sum()) for n in names) ** 0.5
+                rows.append({"fragment": f, "version": self.adopted_versions[f],
+                             "drift": diff / norm if norm > 0 else diff})
+        self.events.emit("final_params", fragments=rows, incarnation=self.incarnation)
 
     def _network_loop(self) -> None:
         """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""
