@@ -270,7 +270,8 @@ def check_finite(view: RunView) -> Verdict:
 def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 2) -> Verdict:
     """After the final heal, every learner still running at the end holds parameters
     within `tolerance` (relative L2) of a global version at most `max_lag` behind the
-    syncer's final one. Read from each learner's `final_params` event at its clean stop."""
+    newest one the syncer had merged when the learner stopped. Read from each learner's
+    `final_params` event at its clean stop."""
     final = view.final_state()
     if final is None or "versions" not in final:
         return Verdict("converged", UNKNOWN, "no final versions from the syncer (sync mode, or no clean stop)")
@@ -278,6 +279,7 @@ def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 2) -> 
     for e in view.events:
         if e["kind"] == "final_params":
             finals[e["learner"]] = e
+    merges = [e for e in view.events if e["kind"] == "merge"]
     rows, bad = [], []
     for learner in view.learners():
         e = finals.get(learner)
@@ -285,7 +287,11 @@ def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 2) -> 
             rows.append({"learner": learner, "status": "no clean stop"})
             continue
         for frag in e["fragments"]:
-            lag = final["versions"][frag["fragment"]] - frag["version"]
+            # Versions the syncer had merged when this learner stopped; merges of the
+            # learners' last pushes after they left cannot be adopted by anyone.
+            current = max((m["version"] for m in merges if m["fragment"] == frag["fragment"] and m["t"] <= e["t"]),
+                          default=0)
+            lag = current - frag["version"]
             row = {"learner": learner, "fragment": frag["fragment"], "lag": lag, "drift": round(frag["drift"], 5)}
             rows.append(row)
             if lag > max_lag or not frag["drift"] <= tolerance:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from . import wire
+from . import defects, wire
 from .codec import decode
 from .config import SyncerConfig, TrainConfig
 from .events import EventLog
@@ -100,6 +100,8 @@ class Syncer:
         model = build_model(train.model, train.seed)
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         self.specs = partition(self.shapes, train.fragments)
+        self.defect = defects.active()
+        self._last_flush = 0.0
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
         self.sync: SyncRound | None = None
@@ -191,7 +193,7 @@ class Syncer:
             t = threading.Thread(target=target, name=f"syncer-{name}", daemon=True)
             t.start()
             self._threads.append(t)
-        self.events.emit("process_start", role="syncer", mode=self.train.mode,
+        self.events.emit("process_start", role="syncer", mode=self.train.mode, defect=self.defect,
                          address=list(self.address), config=self.train.to_dict(),
                          syncer={"quorum": self.cfg.quorum, "grace": self.cfg.grace,
                                  "max_staleness": self.cfg.max_staleness,
@@ -414,7 +416,7 @@ class Syncer:
             if incarnation != m.incarnation:
                 raise Refused("bad_incarnation", f"push from incarnation {incarnation}, current is {m.incarnation}")
             frag = self.frags[index]
-            if frag.known(ident):
+            if frag.known(ident) and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
                 status = "duplicate"
             elif frag.version - base_version > self.cfg.max_staleness:
@@ -430,7 +432,7 @@ class Syncer:
             meta = {"fragment": index, "learner": learner, "incarnation": incarnation, "seq": seq,
                     "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding}
             try:
-                nbytes = save_tensors(path, frame.tensors(), meta)
+                nbytes = 0 if self.defect == "ack_before_durable" else save_tensors(path, frame.tensors(), meta)
             except BaseException:
                 with self.cond:
                     frag.merging.discard(ident)
@@ -443,7 +445,8 @@ class Syncer:
                 m.position = max(m.position, position)
                 m.tokens += tokens
                 self.counters["accepted"] += 1
-                self._write_meta()
+                if self.defect != "ack_before_durable":
+                    self._write_meta()
                 self.cond.notify_all()
             self.events.emit("push_accepted", learner=learner, incarnation=incarnation, seq=seq, id=ident,
                              fragment=index, base_version=base_version, version=version, tokens=tokens,
@@ -607,7 +610,11 @@ class Syncer:
         self.cond.release()
         try:
             write_started = time.monotonic()
-            nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied)
+            if self.defect == "ack_before_durable" and time.monotonic() - self._last_flush < defects.FLUSH_EVERY:
+                nbytes = 0
+            else:
+                nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied)
+                self._last_flush = time.monotonic()
             write_seconds = time.monotonic() - write_started
         except BaseException:
             self.cond.acquire()

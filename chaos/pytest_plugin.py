@@ -1,0 +1,572 @@
+"""pytest plugin: chaos tests with fixtures and a marker, and a replay command for every failure.
+
+Registered through the ``pytest11`` entry point ``islands`` (or ``-p chaos.pytest_plugin``).
+
+Options (group "islands chaos"): ``--chaos-backend``, ``--chaos-seed``, ``--chaos-learners``,
+``--chaos-artifacts``.
+
+Fixtures:
+
+- ``chaos_options`` (session): the parsed options, a frozen ``ChaosOptions``.
+- ``cluster``: a started cluster in ``tmp_path/"run"`` whose learners all train; teardown heals
+  and stops it, whatever happened.
+- ``toxiproxy``: the cluster's ``ToxiproxyClient``.
+- ``chaos``: a ``ChaosSession`` on that cluster: ``run(schedule)``, ``verdicts()``,
+  ``assert_ok()``, ``replay_command()``.
+- ``chaos_result``: for ``@pytest.mark.chaos(schedule="file.yaml", ...)``: the ``RunResult`` of
+  ``chaos.runner.run_schedule``; a marked test requests it by itself and fails when a check fails.
+
+When a test that used any of them fails, the plugin copies the last schedule, the history,
+the event logs and the verdicts into ``ARTIFACTS/<test id>/`` and prints one command that
+replays the run. Everything heavy (the runner, the controller, hypothesis) is imported only
+when a chaos fixture runs, so other tests are not slowed down.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+import shlex
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from faults import Schedule
+
+    from .checkers import Verdict
+    from .runner import RunResult
+
+SECTION = "islands chaos replay"
+MAX_COPY_BYTES = 50 * 1024 * 1024
+DEFAULT_MODE = "decoupled"
+DEFAULT_DATA = "markov"
+SESSION_TAIL_SECONDS = 10.0
+CHAOS_FIXTURES = ("cluster", "toxiproxy", "chaos", "chaos_result")
+
+MARKERS = {
+    "chaos": "chaos(schedule=PATH, learners=None, duration=None, mode='decoupled', trainer_args=None): "
+             "run the fault schedule PATH (relative to the test file, then the working directory) on a "
+             "fresh cluster before the test body; the test fails if a check fails. The RunResult is the "
+             "chaos_result fixture.",
+    "integration": "starts real processes on 127.0.0.1",
+    "slow": "takes more than a minute",
+    "property": "a hypothesis property test (the 'ci' profile by default, --hypothesis-profile nightly for more)",
+    "compose": "needs the docker compose backend",
+}
+
+HEALTH_CHECKS = ("too_slow", "function_scoped_fixture", "data_too_large", "filter_too_much")
+PROFILES = {"ci": 3, "nightly": 200}
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class ChaosOptions:
+    backend: str = "local"
+    seed: int | None = None
+    learners: int = 3
+    artifacts: Path = Path("chaos-artifacts")
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("islands chaos", "islands chaos: fault-injection tests on a real cluster")
+    group.addoption("--chaos-backend", choices=("local", "compose"), default="local",
+                    help="cluster backend for the chaos fixtures and the chaos marker (default: local)")
+    group.addoption("--chaos-seed", type=int, default=None, metavar="INT",
+                    help="override the seed of every schedule run (default: each schedule keeps its own)")
+    group.addoption("--chaos-learners", type=_positive_int, default=3, metavar="N",
+                    help="learners per cluster, unless a chaos marker says otherwise (default: 3)")
+    group.addoption("--chaos-artifacts", default="chaos-artifacts", metavar="DIR",
+                    help="where a failing chaos test leaves its schedule, history, events and a replay "
+                         "command (default: chaos-artifacts)")
+
+
+def chaos_options_from(config: pytest.Config) -> ChaosOptions:
+    artifacts = Path(config.getoption("chaos_artifacts"))
+    return ChaosOptions(backend=config.getoption("chaos_backend"), seed=config.getoption("chaos_seed"),
+                        learners=config.getoption("chaos_learners"), artifacts=artifacts)
+
+
+def _artifacts_root(config: pytest.Config) -> Path:
+    """The artifacts dir to write to: a relative one is taken from where pytest was invoked."""
+    artifacts = chaos_options_from(config).artifacts
+    return artifacts if artifacts.is_absolute() else Path(config.invocation_params.dir) / artifacts
+
+
+# --------------------------------------------------------------------------- configure
+
+
+_previous_profile = pytest.StashKey[str | None]()
+_replays = pytest.StashKey[list[tuple[str, str]]]()
+
+
+def register_hypothesis_profiles() -> bool:
+    """Register 'ci' (3 examples) and 'nightly' (200); False when hypothesis is not installed."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:
+        return False
+    for name, examples in PROFILES.items():
+        settings.register_profile(
+            name, max_examples=examples, deadline=None, print_blob=True, derandomize=False,
+            suppress_health_check=[getattr(HealthCheck, h) for h in HEALTH_CHECKS])
+    return True
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name, description in MARKERS.items():
+        config.addinivalue_line("markers", f"{name}: {description}")
+    config.stash[_replays] = []
+    config.stash[_previous_profile] = None
+    if not register_hypothesis_profiles():
+        return
+    from hypothesis import settings
+
+    # Load 'ci' unless a profile was chosen: by --hypothesis-profile, or by a conftest that
+    # loaded one at import (conftests load before this hook runs).
+    if config.getoption("hypothesis_profile", None) is None and settings.get_current_profile_name() == "default":
+        config.stash[_previous_profile] = "default"
+        settings.load_profile("ci")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    previous = config.stash.get(_previous_profile, None)
+    if previous is not None:  # leave the process as we found it (pytester runs in-process)
+        from hypothesis import settings
+
+        settings.load_profile(previous)
+
+
+# --------------------------------------------------------------------------- what a test ran
+
+
+@dataclass
+class RunRecord:
+    """What a chaos test ran: enough to copy its traces and to replay it."""
+
+    run_dir: Path
+    learners: int
+    backend: str = "local"
+    mode: str = DEFAULT_MODE
+    data: str = DEFAULT_DATA
+    trainer_args: list[str] = field(default_factory=list)
+    schedule: Schedule | None = None
+    duration: float | None = None
+    artifacts: Path | None = None  # set once written
+
+    def run_json(self) -> dict:
+        """The keys `chaos.runner.run_schedule` writes into run.json, read by `chaos replay`."""
+        from .runner import default_duration
+
+        duration = self.duration
+        if duration is None and self.schedule is not None:
+            duration = default_duration(self.schedule)
+        return {"backend": self.backend, "learners": self.learners, "mode": self.mode, "data": self.data,
+                "trainer_args": list(self.trainer_args),
+                "seed": self.schedule.seed if self.schedule is not None else None, "duration": duration}
+
+
+_record = pytest.StashKey[RunRecord]()
+
+
+def _remember(node: pytest.Item, record: RunRecord) -> RunRecord:
+    node.stash[_record] = record
+    return record
+
+
+def replay_command(schedule_path: Path | str, record: RunRecord) -> str:
+    """The one command line that reruns `record` from a schedule file."""
+    argv = ["python", "-m", "chaos", "run", str(schedule_path), "--backend", record.backend,
+            "--learners", str(record.learners)]
+    if record.mode != DEFAULT_MODE:
+        argv += ["--mode", record.mode]
+    if record.data != DEFAULT_DATA:
+        argv += ["--data", record.data]
+    if record.duration is not None:
+        argv += ["--duration", f"{record.duration:g}"]
+    if record.trainer_args:
+        argv += ["--", *record.trainer_args]
+    return shlex.join(argv)
+
+
+def _with_seed(schedule: Schedule, seed: int | None) -> Schedule:
+    return schedule if seed is None or seed == schedule.seed else dataclasses.replace(schedule, seed=seed)
+
+
+# --------------------------------------------------------------------------- artifacts
+
+
+def sanitize_nodeid(nodeid: str, limit: int = 120) -> str:
+    """A directory name for a test id: `tests/x.py::test_y[a-1]` -> `tests_x.py__test_y_a-1`."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", nodeid).strip("._") or "test"
+    if len(name) > limit:
+        digest = hashlib.sha1(nodeid.encode()).hexdigest()[:8]
+        name = f"{name[:limit - 9]}-{digest}"
+    return name
+
+
+def _copy_file(src: Path, dst: Path, skipped: list[str]) -> None:
+    try:
+        size = src.stat().st_size
+    except OSError:
+        return
+    if size > MAX_COPY_BYTES:
+        skipped.append(f"{src} ({size} bytes > {MAX_COPY_BYTES})")
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dst)
+
+
+def _copy_traces(record: RunRecord, dest: Path, skipped: list[str]) -> None:
+    """history.jsonl, events/ and verdict.json as they are now (a running cluster keeps writing)."""
+    run_dir = record.run_dir
+    _copy_file(run_dir / "history.jsonl", dest / "history.jsonl", skipped)
+    _copy_file(run_dir / "verdict.json", dest / "verdict.json", skipped)
+    events = run_dir / "events"
+    if events.is_dir():
+        shutil.rmtree(dest / "events", ignore_errors=True)
+        (dest / "events").mkdir(parents=True, exist_ok=True)
+        for path in sorted(events.rglob("*")):
+            if path.is_file():
+                _copy_file(path, dest / "events" / path.relative_to(events), skipped)
+
+
+def _display_path(config: pytest.Config, path: Path) -> Path:
+    """`path` as the user named the artifacts dir: relative to the invocation dir if they gave it so."""
+    given = chaos_options_from(config).artifacts
+    if given.is_absolute():
+        return path
+    try:
+        return path.relative_to(Path(config.invocation_params.dir))
+    except ValueError:
+        return path
+
+
+def write_artifacts(config: pytest.Config, nodeid: str, record: RunRecord, why: str = "") -> str | None:
+    """Copy a failed test's traces into ARTIFACTS/<test id>/; returns the replay command (None
+    when the test ran no schedule, so there is nothing to replay)."""
+    dest = _artifacts_root(config) / sanitize_nodeid(nodeid)
+    if dest.exists():
+        shutil.rmtree(dest)  # a previous session's copy of the same test
+    dest.mkdir(parents=True)
+    record.artifacts = dest
+    skipped: list[str] = []
+    if record.schedule is not None:
+        record.schedule.dump(dest / "schedule.yaml")
+        (dest / "run.json").write_text(json.dumps(record.run_json(), indent=2) + "\n")
+    _copy_traces(record, dest, skipped)
+    shown = _display_path(config, dest)
+    command = replay_command(shown / "schedule.yaml", record) if record.schedule is not None else None
+    lines = [f"test: {nodeid}", f"run dir: {record.run_dir}"]
+    if why:
+        lines.append(f"failure: {why}")
+    if command:
+        lines += ["", "replay on a fresh cluster:", f"  {command}",
+                  "or, with the recorded settings (run.json):", f"  python -m chaos replay {shlex.quote(str(shown))}"]
+    else:
+        lines += ["", "the test ran no schedule through the chaos fixtures: there is nothing to replay;",
+                  "the history and event logs of its cluster are here."]
+    if skipped:
+        lines += ["", "not copied (too large):", *(f"  {s}" for s in skipped)]
+    (dest / "REPLAY.txt").write_text("\n".join(lines) + "\n")
+    return command
+
+
+def record_failure_artifacts(request: pytest.FixtureRequest, run_dir: str | Path, schedule: Schedule,
+                             learners: int, trainer_args: list[str] | None = None, *, backend: str | None = None,
+                             mode: str = DEFAULT_MODE, data: str = DEFAULT_DATA,
+                             duration: float | None = None) -> Path:
+    """For tests that do their own runs (e.g. a hypothesis test calling `run_schedule` per
+    example): remember the latest run so that, if the test fails, its schedule and traces are
+    copied into the artifacts dir with a replay command. Call it after every run; the last
+    call wins, which for hypothesis is the shrunk example, replayed last. Returns the
+    directory the artifacts will go to."""
+    node = request.node
+    if backend is None:
+        backend = chaos_options_from(request.config).backend
+    _remember(node, RunRecord(Path(run_dir), learners, backend, mode, data, list(trainer_args or []),
+                              schedule, duration))
+    return _artifacts_root(request.config) / sanitize_nodeid(node.nodeid)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def chaos_options(pytestconfig: pytest.Config) -> ChaosOptions:
+    return chaos_options_from(pytestconfig)
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """How the `cluster` fixture builds its cluster; override the `cluster_settings` fixture
+    in a module or conftest to change it."""
+
+    learners: int
+    mode: str = DEFAULT_MODE
+    data: str = DEFAULT_DATA
+    trainer_args: tuple[str, ...] = ()
+
+
+@pytest.fixture
+def cluster_settings(chaos_options: ChaosOptions) -> ClusterSettings:
+    return ClusterSettings(learners=chaos_options.learners)
+
+
+@pytest.fixture
+def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: ChaosOptions,
+            cluster_settings: ClusterSettings):
+    """A started cluster in tmp_path/"run" whose learners all train. Teardown heals, then stops."""
+    from . import runner
+
+    s = cluster_settings
+    run_dir = tmp_path / "run"
+    _remember(request.node, RunRecord(run_dir, s.learners, chaos_options.backend, s.mode, s.data,
+                                      list(s.trainer_args)))
+    c = runner.make_cluster(chaos_options.backend, run_dir, s.learners, mode=s.mode, data=s.data,
+                            trainer_args=list(s.trainer_args))
+    if getattr(c, "run_dir", None) is None:
+        c.run_dir = run_dir
+    failed = True
+    try:
+        c.start()
+        runner.wait_until_training(run_dir, s.learners)
+        yield c
+        failed = False
+    finally:
+        try:
+            c.heal_all()
+        except Exception:
+            if not failed:
+                raise
+        finally:
+            c.stop()
+
+
+@pytest.fixture
+def toxiproxy(cluster):
+    """The cluster's Toxiproxy client: add toxics by hand, `heal_all` removes them at teardown."""
+    return cluster.toxiproxy
+
+
+class ChaosSession:
+    """Runs schedules on one running cluster and checks what happened, without stopping it."""
+
+    def __init__(self, cluster: Any, record: RunRecord, seed: int | None = None) -> None:
+        from .controller import HISTORY_FILE, History
+
+        self.cluster = cluster
+        self.record = record
+        self.seed = seed
+        self.run_dir = Path(record.run_dir)
+        self.history_path = self.run_dir / HISTORY_FILE
+        self.history = History(self.history_path)
+        self.last_schedule: Schedule | None = None
+        self.runs = 0
+
+    def run(self, schedule: Schedule, duration: float | None = None) -> list[dict]:
+        """Apply `schedule` (healing first and at the end); returns its history entries.
+        Duration defaults to the schedule's horizon + 10 s. Histories append across calls."""
+        from .controller import Controller
+
+        schedule = _with_seed(schedule, self.seed).validate(self.record.learners)
+        if duration is None:
+            duration = schedule.horizon + SESSION_TAIL_SECONDS
+        self.last_schedule = schedule
+        self.record.schedule, self.record.duration = schedule, duration
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        schedule.dump(self.run_dir / "schedule.yaml")
+        (self.run_dir / "run.json").write_text(json.dumps(self.record.run_json(), indent=2) + "\n")
+        self.runs += 1
+        return Controller(self.cluster, schedule, self.history).run(duration)
+
+    def verdicts(self, checker_options: dict | None = None, all_runs: bool = False) -> list[Verdict]:
+        """The checks over the events so far and the history of the last `run` (of every run
+        with `all_runs=True`). The cluster keeps running; writes verdict.json."""
+        from trainer.events import read_events
+
+        from .checkers import RunView, run_checkers, verdict_document
+        from .controller import read_history
+
+        history = read_history(self.history_path)
+        if not all_runs:
+            begins = [i for i, h in enumerate(history) if h.get("event") == "begin"]
+            if begins:
+                history = history[begins[-1]:]
+        verdicts = run_checkers(RunView(read_events(self.run_dir), history), checker_options)
+        document = verdict_document(verdicts)
+        (self.run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
+        return verdicts
+
+    def assert_ok(self, checker_options: dict | None = None, all_runs: bool = False) -> list[Verdict]:
+        """Fail (AssertionError, so hypothesis shrinks) with a table of the failed checks."""
+        verdicts = self.verdicts(checker_options, all_runs)
+        failed = [v for v in verdicts if v.status == "fail"]
+        if failed:
+            raise AssertionError(format_failed(failed, self.run_dir, self.replay_command()))
+        return verdicts
+
+    def replay_command(self) -> str | None:
+        """The command that reruns the last schedule on a fresh cluster (None before any run)."""
+        if self.last_schedule is None:
+            return None
+        return replay_command(self.run_dir / "schedule.yaml", self.record)
+
+    def close(self) -> None:
+        self.history.close()
+
+
+@pytest.fixture
+def chaos(request: pytest.FixtureRequest, cluster, chaos_options: ChaosOptions):
+    """A ChaosSession on the `cluster` fixture's cluster."""
+    record = request.node.stash.get(_record, None)
+    if record is None:  # a `cluster` fixture overridden by the test's own
+        record = _remember(request.node, RunRecord(Path(cluster.run_dir), cluster.learners, chaos_options.backend))
+    session = ChaosSession(cluster, record, seed=chaos_options.seed)
+    yield session
+    session.close()
+
+
+def format_failed(failed: list[Verdict], run_dir: Path, command: str | None = None) -> str:
+    width = max(len(v.name) for v in failed)
+    lines = [f"{len(failed)} chaos check(s) failed (run dir {run_dir}):"]
+    lines += [f"  FAIL    {v.name:<{width}}  {v.detail}" for v in failed]
+    if command:
+        lines.append(f"replay: {command}")
+    return "\n".join(lines)
+
+
+def _marker_settings(marker: pytest.Mark) -> dict:
+    kwargs = dict(marker.kwargs)
+    if marker.args:
+        if len(marker.args) > 1 or "schedule" in kwargs:
+            raise pytest.UsageError(f"@pytest.mark.chaos takes one schedule, got {marker.args} {kwargs}")
+        kwargs["schedule"] = marker.args[0]
+    known = {"schedule", "learners", "duration", "mode", "trainer_args"}
+    unknown = sorted(set(kwargs) - known)
+    if unknown or "schedule" not in kwargs:
+        raise pytest.UsageError(f"@pytest.mark.chaos(schedule=PATH, learners=None, duration=None, "
+                                f"mode='decoupled', trainer_args=None): got {kwargs}")
+    return kwargs
+
+
+def _resolve_schedule(spec: Any, test_path: Path, learners: int) -> Schedule:
+    from faults import Schedule, ScheduleError
+
+    if isinstance(spec, Schedule):
+        return spec.validate(learners)
+    tried = [test_path.parent / spec, Path.cwd() / spec] if not Path(spec).is_absolute() else [Path(spec)]
+    for path in tried:
+        if path.is_file():
+            try:
+                return Schedule.load(path, learners=learners)
+            except ScheduleError as exc:
+                pytest.fail(f"@pytest.mark.chaos: {exc}", pytrace=False)
+    pytest.fail(f"@pytest.mark.chaos: no schedule file {spec!r} (looked for {', '.join(map(str, tried))})",
+                pytrace=False)
+
+
+_result = pytest.StashKey["RunResult"]()
+
+
+@pytest.fixture
+def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: ChaosOptions) -> RunResult:
+    """The RunResult of the test's `@pytest.mark.chaos` schedule, run on a fresh cluster."""
+    from . import runner
+
+    marker = request.node.get_closest_marker("chaos")
+    if marker is None:
+        pytest.fail("the chaos_result fixture needs @pytest.mark.chaos(schedule=PATH)", pytrace=False)
+    kw = _marker_settings(marker)
+    learners = kw.get("learners") or chaos_options.learners
+    schedule = _with_seed(_resolve_schedule(kw["schedule"], Path(request.node.path), learners), chaos_options.seed)
+    trainer_args = list(kw.get("trainer_args") or [])
+    mode = kw.get("mode") or DEFAULT_MODE
+    run_dir = tmp_path / "run"
+    _remember(request.node, RunRecord(run_dir, learners, chaos_options.backend, mode, DEFAULT_DATA, trainer_args,
+                                      schedule, kw.get("duration")))
+    result = runner.run_schedule(schedule, run_dir, backend=chaos_options.backend, learners=learners,
+                                 duration=kw.get("duration"), mode=mode, trainer_args=trainer_args)
+    request.node.stash[_result] = result
+    return result
+
+
+# --------------------------------------------------------------------------- hooks
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("chaos") is not None:
+            names = getattr(item, "fixturenames", None)
+            if names is not None and "chaos_result" not in names:
+                names.append("chaos_result")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    outcome = yield
+    result = item.stash.get(_result, None)
+    if result is not None and not result.passed:
+        failed = [v for v in result.verdicts if v.status == "fail"]
+        pytest.fail(format_failed(failed, result.run_dir) if failed else
+                    f"the chaos run failed (see {result.run_dir / 'verdict.json'})", pytrace=False)
+    return outcome
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    record = item.stash.get(_record, None)
+    if record is None:
+        return report
+    try:
+        if report.failed and report.when in ("setup", "call") and record.artifacts is None:
+            command = write_artifacts(item.config, item.nodeid, record, why=report.when)
+            if command:
+                report.sections.append((SECTION, command))
+            else:
+                report.sections.append((SECTION, f"nothing to replay; traces in {_display_path(item.config, record.artifacts)}"))
+        elif report.when == "teardown" and record.artifacts is not None:
+            _copy_traces(record, record.artifacts, [])  # the cluster has stopped: final events too
+    except OSError as exc:  # never turn a test result into an internal error
+        report.sections.append((SECTION, f"could not write chaos artifacts: {exc}"))
+    return report
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # Collected from reports (not items) so it also works when xdist workers run the tests.
+    for name, content in report.sections:
+        if name == SECTION:
+            config = getattr(report, "_islands_config", None)  # noqa: F841 - reports carry no config
+            _pending.append((report.nodeid, content))
+
+
+_pending: list[tuple[str, str]] = []
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    replays = config.stash.get(_replays, [])
+    if not replays:
+        return
+    terminalreporter.section(SECTION)
+    for nodeid, command in replays:
+        terminalreporter.write_line(nodeid)
+        terminalreporter.write_line(f"  {command}")

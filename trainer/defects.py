@@ -1,0 +1,26 @@
+"""Deliberate syncer defects, for proving that the chaos suite catches real bugs.
+
+Off unless the environment variable ISLANDS_SYNCER_DEFECT names one. A syncer running
+with a defect says so in its `process_start` event, so no run can pass one off as sound.
+"""
+from __future__ import annotations
+
+import os
+
+ENV = "ISLANDS_SYNCER_DEFECT"
+DEFECTS = {
+    "ack_before_durable": "acknowledges pushes on arrival and makes them and merges durable "
+                          "only every 2 s (a batched fsync): a SIGKILL loses acknowledged pushes",
+    "double_apply": "never consults the ledger: a retried (learner, incarnation, seq) is accepted "
+                    "and merged again",
+}
+FLUSH_EVERY = 2.0
+
+
+def active() -> str | None:
+    name = os.environ.get(ENV, "").strip()
+    if not name:
+        return None
+    if name not in DEFECTS:
+        raise ValueError(f"${ENV}: unknown defect {name!r} (known: {', '.join(DEFECTS)})")
+    return name
