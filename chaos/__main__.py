@@ -1,4 +1,4 @@
-"""CLI: `python -m chaos {run,validate,toxiproxy}`. `--help` on each."""
+"""CLI: `python -m chaos {run,replay,demo,validate,toxiproxy,report}`. `--help` on each."""
 from __future__ import annotations
 
 import argparse
@@ -51,6 +51,32 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                               mode=args.mode, data=args.data, trainer_args=args.trainer_args)
     except (RuntimeError, TimeoutError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
+        return 1
+    print_verdicts(result)
+    return 0 if result.passed else 1
+
+
+def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Rerun a recorded run (a `chaos run` dir or a pytest artifacts dir) with its settings and seed."""
+    from .replay import ReplayError, load_recorded, next_replay_dir, replay
+
+    try:
+        recorded = load_recorded(args.run_dir)
+    except ReplayError as exc:
+        print(f"replay: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else next_replay_dir(args.run_dir)
+    if (out / "events").exists() and any((out / "events").iterdir()):
+        parser.error(f"--out: {out} already holds a run; choose a new directory")
+    extra = f", trainer args {' '.join(recorded.trainer_args)}" if recorded.trainer_args else ""
+    extra += "".join(f", {k}={v}" for k, v in sorted(recorded.env.items()))
+    print(f"chaos: replaying {args.run_dir}: {len(recorded.schedule.faults)} fault(s), seed "
+          f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
+          f"{recorded.mode}{extra}, run dir {out}", flush=True)
+    try:
+        result = replay(args.run_dir, out, recorded)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"replay: error: {exc}", file=sys.stderr)
         return 1
     print_verdicts(result)
     return 0 if result.passed else 1
@@ -109,6 +135,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
+
+    p = sub.add_parser("replay", help="rerun a recorded run dir (run.json + schedule.yaml) with the same "
+                                      "settings and seed")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a `chaos run` directory or a pytest chaos-artifacts directory")
+    p.add_argument("--out", help="run directory for the replay (default RUN_DIR-replay-<n>, the first free n)")
+    p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report")
     p.add_argument("--out", help="run directory (default runs/demo-<timestamp>)")

@@ -9,7 +9,8 @@ Fixtures:
 
 - ``chaos_options`` (session): the parsed options, a frozen ``ChaosOptions``.
 - ``cluster``: a started cluster in ``tmp_path/"run"`` whose learners all train; teardown heals
-  and stops it, whatever happened.
+  and stops it, whatever happened. Built from the ``cluster_settings`` fixture (learners, mode,
+  data, trainer args), which a module or conftest may override.
 - ``toxiproxy``: the cluster's ``ToxiproxyClient``.
 - ``chaos``: a ``ChaosSession`` on that cluster: ``run(schedule)``, ``verdicts()``,
   ``assert_ok()``, ``replay_command()``.
@@ -18,8 +19,9 @@ Fixtures:
 
 When a test that used any of them fails, the plugin copies the last schedule, the history,
 the event logs and the verdicts into ``ARTIFACTS/<test id>/`` and prints one command that
-replays the run. Everything heavy (the runner, the controller, hypothesis) is imported only
-when a chaos fixture runs, so other tests are not slowed down.
+replays the run. The runner, the controller and the cluster are imported only when a chaos
+fixture runs, so other tests are not slowed down. Hypothesis profiles ``ci`` (the default
+unless ``--hypothesis-profile`` is given) and ``nightly`` are registered at configure.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ SESSION_TAIL_SECONDS = 10.0
 CHAOS_FIXTURES = ("cluster", "toxiproxy", "chaos", "chaos_result")
 
 MARKERS = {
-    "chaos": "chaos(schedule=PATH, learners=None, duration=None, mode='decoupled', trainer_args=None): "
+    "chaos(schedule=PATH, learners=None, duration=None, mode='decoupled', trainer_args=None)":
              "run the fault schedule PATH (relative to the test file, then the working directory) on a "
              "fresh cluster before the test body; the test fails if a check fails. The RunResult is the "
              "chaos_result fixture.",
@@ -115,7 +117,7 @@ def _artifacts_root(config: pytest.Config) -> Path:
 
 
 _previous_profile = pytest.StashKey[str | None]()
-_replays = pytest.StashKey[list[tuple[str, str]]]()
+_summary = pytest.StashKey["ReplaySummary"]()
 
 
 def register_hypothesis_profiles() -> bool:
@@ -131,23 +133,29 @@ def register_hypothesis_profiles() -> bool:
     return True
 
 
+@pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin applies --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
-    config.stash[_replays] = []
+    config.stash[_summary] = summary = ReplaySummary()
+    config.pluginmanager.register(summary, "islands-chaos-replay-summary")
     config.stash[_previous_profile] = None
     if not register_hypothesis_profiles():
         return
     from hypothesis import settings
 
+    # Restored at unconfigure, so an in-process session (pytester) leaves the profile as it was.
+    config.stash[_previous_profile] = settings.get_current_profile_name()
     # Load 'ci' unless a profile was chosen: by --hypothesis-profile, or by a conftest that
     # loaded one at import (conftests load before this hook runs).
     if config.getoption("hypothesis_profile", None) is None and settings.get_current_profile_name() == "default":
-        config.stash[_previous_profile] = "default"
         settings.load_profile("ci")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    summary = config.stash.get(_summary, None)
+    if summary is not None and config.pluginmanager.is_registered(summary):
+        config.pluginmanager.unregister(summary)
     previous = config.stash.get(_previous_profile, None)
     if previous is not None:  # leave the process as we found it (pytester runs in-process)
         from hypothesis import settings
@@ -170,6 +178,7 @@ class RunRecord:
     trainer_args: list[str] = field(default_factory=list)
     schedule: Schedule | None = None
     duration: float | None = None
+    env: dict[str, str] = field(default_factory=dict)  # environment the replay needs, if any
     artifacts: Path | None = None  # set once written
 
     def run_json(self) -> dict:
@@ -179,9 +188,12 @@ class RunRecord:
         duration = self.duration
         if duration is None and self.schedule is not None:
             duration = default_duration(self.schedule)
-        return {"backend": self.backend, "learners": self.learners, "mode": self.mode, "data": self.data,
-                "trainer_args": list(self.trainer_args),
-                "seed": self.schedule.seed if self.schedule is not None else None, "duration": duration}
+        out = {"backend": self.backend, "learners": self.learners, "mode": self.mode, "data": self.data,
+               "trainer_args": list(self.trainer_args),
+               "seed": self.schedule.seed if self.schedule is not None else None, "duration": duration}
+        if self.env:
+            out["env"] = dict(self.env)  # `chaos replay` sets these for the replayed cluster
+        return out
 
 
 _record = pytest.StashKey[RunRecord]()
@@ -204,7 +216,8 @@ def replay_command(schedule_path: Path | str, record: RunRecord) -> str:
         argv += ["--duration", f"{record.duration:g}"]
     if record.trainer_args:
         argv += ["--", *record.trainer_args]
-    return shlex.join(argv)
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(record.env.items())]
+    return " ".join([*env, shlex.join(argv)])
 
 
 def _with_seed(schedule: Schedule, seed: int | None) -> Schedule:
@@ -236,17 +249,20 @@ def _copy_file(src: Path, dst: Path, skipped: list[str]) -> None:
 
 
 def _copy_traces(record: RunRecord, dest: Path, skipped: list[str]) -> None:
-    """history.jsonl, events/ and verdict.json as they are now (a running cluster keeps writing)."""
+    """history.jsonl, verdict.json, events/ and the processes' logs/ as they are now (a running
+    cluster keeps writing; the teardown report copies them again once it has stopped)."""
     run_dir = record.run_dir
     _copy_file(run_dir / "history.jsonl", dest / "history.jsonl", skipped)
     _copy_file(run_dir / "verdict.json", dest / "verdict.json", skipped)
-    events = run_dir / "events"
-    if events.is_dir():
-        shutil.rmtree(dest / "events", ignore_errors=True)
-        (dest / "events").mkdir(parents=True, exist_ok=True)
-        for path in sorted(events.rglob("*")):
+    for name in ("events", "logs"):
+        src = run_dir / name
+        if not src.is_dir():
+            continue
+        shutil.rmtree(dest / name, ignore_errors=True)
+        (dest / name).mkdir(parents=True, exist_ok=True)
+        for path in sorted(src.rglob("*")):
             if path.is_file():
-                _copy_file(path, dest / "events" / path.relative_to(events), skipped)
+                _copy_file(path, dest / name / path.relative_to(src), skipped)
 
 
 def _display_path(config: pytest.Config, path: Path) -> Path:
@@ -271,13 +287,15 @@ def write_artifacts(config: pytest.Config, nodeid: str, record: RunRecord, why: 
     skipped: list[str] = []
     if record.schedule is not None:
         record.schedule.dump(dest / "schedule.yaml")
-        (dest / "run.json").write_text(json.dumps(record.run_json(), indent=2) + "\n")
+        settings = record.run_json()
+        settings.update({k: v for k, v in _run_json(record.run_dir).items() if k not in settings})
+        (dest / "run.json").write_text(json.dumps(settings, indent=2) + "\n")
     _copy_traces(record, dest, skipped)
     shown = _display_path(config, dest)
     command = replay_command(shown / "schedule.yaml", record) if record.schedule is not None else None
     lines = [f"test: {nodeid}", f"run dir: {record.run_dir}"]
     if why:
-        lines.append(f"failure: {why}")
+        lines.append(f"failed in {why}")
     if command:
         lines += ["", "replay on a fresh cluster:", f"  {command}",
                   "or, with the recorded settings (run.json):", f"  python -m chaos replay {shlex.quote(str(shown))}"]
@@ -290,20 +308,32 @@ def write_artifacts(config: pytest.Config, nodeid: str, record: RunRecord, why: 
     return command
 
 
+def _run_json(run_dir: Path) -> dict:
+    try:
+        found = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def record_failure_artifacts(request: pytest.FixtureRequest, run_dir: str | Path, schedule: Schedule,
                              learners: int, trainer_args: list[str] | None = None, *, backend: str | None = None,
-                             mode: str = DEFAULT_MODE, data: str = DEFAULT_DATA,
-                             duration: float | None = None) -> Path:
+                             mode: str | None = None, data: str | None = None, duration: float | None = None,
+                             env: dict[str, str] | None = None) -> Path:
     """For tests that do their own runs (e.g. a hypothesis test calling `run_schedule` per
     example): remember the latest run so that, if the test fails, its schedule and traces are
     copied into the artifacts dir with a replay command. Call it after every run; the last
-    call wins, which for hypothesis is the shrunk example, replayed last. Returns the
-    directory the artifacts will go to."""
+    call wins, which for hypothesis is the shrunk example, replayed last. Settings not given
+    are read from RUN_DIR/run.json (written by `run_schedule`). `env` (e.g. a defect switch)
+    prefixes the replay command. Returns the directory the artifacts will go to."""
     node = request.node
-    if backend is None:
-        backend = chaos_options_from(request.config).backend
-    _remember(node, RunRecord(Path(run_dir), learners, backend, mode, data, list(trainer_args or []),
-                              schedule, duration))
+    run_dir = Path(run_dir)
+    found = _run_json(run_dir)
+    record = RunRecord(run_dir, learners, backend or found.get("backend") or chaos_options_from(request.config).backend,
+                       mode or found.get("mode") or DEFAULT_MODE, data or found.get("data") or DEFAULT_DATA,
+                       list(trainer_args if trainer_args is not None else found.get("trainer_args") or []),
+                       schedule, duration if duration is not None else found.get("duration"), env=dict(env or {}))
+    _remember(node, record)
     return _artifacts_root(request.config) / sanitize_nodeid(node.nodeid)
 
 
@@ -345,17 +375,17 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
                             trainer_args=list(s.trainer_args))
     if getattr(c, "run_dir", None) is None:
         c.run_dir = run_dir
-    failed = True
+    started = False
     try:
         c.start()
         runner.wait_until_training(run_dir, s.learners)
-        yield c
-        failed = False
+        started = True
+        yield c  # a failing test resumes here too: pytest does not throw into fixtures
     finally:
         try:
             c.heal_all()
         except Exception:
-            if not failed:
+            if started:  # a heal that fails after a good start is an error of its own
                 raise
         finally:
             c.stop()
@@ -539,11 +569,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         return report
     try:
         if report.failed and report.when in ("setup", "call") and record.artifacts is None:
-            command = write_artifacts(item.config, item.nodeid, record, why=report.when)
+            crash = getattr(report.longrepr, "reprcrash", None)
+            why = f"{report.when}: {crash.message.splitlines()[0]}" if crash and crash.message else report.when
+            command = write_artifacts(item.config, item.nodeid, record, why=why)
             if command:
                 report.sections.append((SECTION, command))
             else:
-                report.sections.append((SECTION, f"nothing to replay; traces in {_display_path(item.config, record.artifacts)}"))
+                shown = _display_path(item.config, record.artifacts)
+                report.sections.append((SECTION, f"nothing to replay (no schedule ran); traces in {shown}"))
         elif report.when == "teardown" and record.artifacts is not None:
             _copy_traces(record, record.artifacts, [])  # the cluster has stopped: final events too
     except OSError as exc:  # never turn a test result into an internal error
@@ -551,22 +584,22 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    # Collected from reports (not items) so it also works when xdist workers run the tests.
-    for name, content in report.sections:
-        if name == SECTION:
-            config = getattr(report, "_islands_config", None)  # noqa: F841 - reports carry no config
-            _pending.append((report.nodeid, content))
+class ReplaySummary:
+    """Collects the replay commands from the reports (not the items, so it also works when
+    xdist workers run the tests) and prints them at the end of the session."""
 
+    def __init__(self) -> None:
+        self.replays: list[tuple[str, str]] = []
 
-_pending: list[tuple[str, str]] = []
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, content in report.sections:
+            if name == SECTION:
+                self.replays.append((report.nodeid, content))
 
-
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    replays = config.stash.get(_replays, [])
-    if not replays:
-        return
-    terminalreporter.section(SECTION)
-    for nodeid, command in replays:
-        terminalreporter.write_line(nodeid)
-        terminalreporter.write_line(f"  {command}")
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if not self.replays:
+            return
+        terminalreporter.section(SECTION)
+        for nodeid, content in self.replays:
+            terminalreporter.write_line(nodeid)
+            terminalreporter.write_line(f"  {content}")

@@ -16,7 +16,7 @@ from faults.schedule import Schedule
 from faults.strategies import schedules
 
 ROOT = Path(__file__).resolve().parents[2]
-QUICK = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
+QUICK = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FIND = settings(database=None, max_examples=500)
 
 

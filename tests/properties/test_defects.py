@@ -1,0 +1,90 @@
+"""The harness catches real bugs: a deliberately broken syncer must be found and shrunk.
+
+Each defect is switched on in the syncer through ISLANDS_SYNCER_DEFECT. Hypothesis draws
+schedules until one makes the matching checker fail, then shrinks it; the smallest
+failing schedule must hold at most 2 faults, and its printed replay command, run again,
+must reproduce the failure.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+
+from faults.strategies import schedules
+
+from .support import FAST_TRAINER_ARGS, Trial, run_trial, save_artifacts
+from .test_syncer_crash import syncer_crashes
+
+pytestmark = [pytest.mark.property, pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+RUN_BUDGET = 8  # live runs per search, generation and shrinking together
+
+CASES = {
+    # The syncer-crash suite: a SIGKILL loses what the syncer acknowledged but had not
+    # made durable.
+    "ack_before_durable": ("no_lost_acks", FAST_TRAINER_ARGS, syncer_crashes()),
+    # Link faults: a retry after a lost acknowledgement is merged again. Retries only
+    # reach the syncer if it does not drop them as stale first, hence the generous bound.
+    "double_apply": ("no_double_apply", FAST_TRAINER_ARGS + ["--max-staleness", "1000"],
+                     schedules(learners=2, kinds=("partition", "latency"), max_faults=3, horizon=6.0,
+                               min_duration=1.0, max_duration=4.0)),
+}
+
+
+def search(defect: str, check: str, trainer_args: list[str], strategy, base: Path) -> tuple[list[Trial], int]:
+    """Run Hypothesis against the defective syncer; return the failing trials and the run count."""
+    failures: list[Trial] = []
+    runs = 0
+
+    @settings(max_examples=RUN_BUDGET, deadline=None, database=None, derandomize=True,
+              phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
+    @given(schedule=strategy)
+    def defect_is_invisible(schedule) -> None:
+        nonlocal runs
+        if runs >= RUN_BUDGET or not schedule.faults:
+            return  # budget spent (or nothing to inject): count it as a pass, which ends shrinking
+        runs += 1
+        trial = run_trial(schedule, base, learners=2, trainer_args=trainer_args,
+                          env={"ISLANDS_SYNCER_DEFECT": defect}, evaluate=False, tail=8.0)
+        if trial.failed(check):
+            failures.append(trial)
+            raise AssertionError(f"{check} failed")
+
+    try:
+        defect_is_invisible()
+    except Exception:  # noqa: BLE001 - the failure is the point; Flaky replays are fine too
+        pass
+    return failures, runs
+
+
+@pytest.mark.parametrize("defect", sorted(CASES))
+def test_property_suite_finds_and_shrinks_the_defect(defect: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     request: pytest.FixtureRequest) -> None:
+    check, trainer_args, strategy = CASES[defect]
+    monkeypatch.setenv("ISLANDS_SYNCER_DEFECT", defect)
+    failures, runs = search(defect, check, trainer_args, strategy, tmp_path)
+    assert failures, f"{runs} runs against a syncer with {defect!r} never made {check} fail"
+    smallest = min(failures, key=lambda t: (len(t.schedule.faults), t.schedule.horizon))
+    assert len(smallest.schedule.faults) <= 2, f"shrinking stopped at:\n{smallest.schedule.dumps()}"
+
+    artifacts = save_artifacts(request.config, request.node.nodeid, smallest)
+    command = smallest.replay_command(artifacts / "schedule.yaml")
+    print(f"\n{defect}: {len(failures)} of {runs} runs failed {check}; shrunk to {len(smallest.schedule.faults)} fault(s); replay:\n"
+          f"  {command}")
+
+    replay_dir = tmp_path / "replay"
+    argv = shlex.split(command)[1:]  # without the VAR=value prefix, which goes in env below
+    cut = argv.index("--")
+    argv[cut:cut] = ["--out", str(replay_dir)]
+    assert argv[0] == "python"
+    replay = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, ISLANDS_SYNCER_DEFECT=defect))
+    assert replay.returncode == 1, f"the replay did not fail:\n{replay.stdout[-2000:]}{replay.stderr[-2000:]}"
+    assert f"FAIL    {check}" in replay.stdout, replay.stdout[-2000:]
