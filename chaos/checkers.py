@@ -267,7 +267,7 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
-def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 2) -> Verdict:
+def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 5) -> Verdict:
     """After the final heal, every learner still running at the end holds parameters
     within `tolerance` (relative L2) of a global version at most `max_lag` behind the
     newest one the syncer had merged when the learner stopped. Read from each learner's
