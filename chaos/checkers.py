@@ -267,19 +267,19 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
-def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 5) -> Verdict:
+def check_converged(view: RunView, tolerance: float = 0.1, max_behind: float = 10.0) -> Verdict:
     """After the final heal, every learner still running at the end holds parameters
-    within `tolerance` (relative L2) of a global version at most `max_lag` behind the
-    newest one the syncer had merged when the learner stopped. Read from each learner's
-    `final_params` event at its clean stop."""
-    final = view.final_state()
-    if final is None or "versions" not in final:
-        return Verdict("converged", UNKNOWN, "no final versions from the syncer (sync mode, or no clean stop)")
+    within `tolerance` (relative L2) of the global version it last adopted, and that
+    version had been superseded for at most `max_behind` seconds when the learner
+    stopped (a learner that stopped adopting would fall further and further behind).
+    Read from each learner's `final_params` event at its clean stop."""
+    merges = [e for e in view.events if e["kind"] == "merge"]
+    if not merges:
+        return Verdict("converged", UNKNOWN, "no merges (sync mode, or nothing was merged)")
     finals: dict[int, dict] = {}
     for e in view.events:
         if e["kind"] == "final_params":
             finals[e["learner"]] = e
-    merges = [e for e in view.events if e["kind"] == "merge"]
     rows, bad = [], []
     for learner in view.learners():
         e = finals.get(learner)
@@ -287,22 +287,22 @@ def check_converged(view: RunView, tolerance: float = 0.1, max_lag: int = 5) -> 
             rows.append({"learner": learner, "status": "no clean stop"})
             continue
         for frag in e["fragments"]:
-            # Versions the syncer had merged when this learner stopped; merges of the
-            # learners' last pushes after they left cannot be adopted by anyone.
-            current = max((m["version"] for m in merges if m["fragment"] == frag["fragment"] and m["t"] <= e["t"]),
-                          default=0)
-            lag = current - frag["version"]
-            row = {"learner": learner, "fragment": frag["fragment"], "lag": lag, "drift": round(frag["drift"], 5)}
+            newer = [m["t"] for m in merges if m["fragment"] == frag["fragment"] and m["version"] > frag["version"]
+                     and m["t"] <= e["t"]]
+            behind = e["t"] - min(newer) if newer else 0.0
+            row = {"learner": learner, "fragment": frag["fragment"], "version": frag["version"],
+                   "behind_seconds": round(behind, 3), "drift": round(frag["drift"], 5)}
             rows.append(row)
-            if lag > max_lag or not frag["drift"] <= tolerance:
+            if behind > max_behind or not frag["drift"] <= tolerance:
                 bad.append(row)
-    evidence = {"tolerance": tolerance, "max_lag": max_lag, "learners": rows}
+    evidence = {"tolerance": tolerance, "max_behind": max_behind, "learners": rows}
     if bad:
         return Verdict("converged", FAIL, f"{len(bad)} learner fragment(s) far from the global parameters", evidence)
     if any(r.get("status") for r in rows):
         return Verdict("converged", UNKNOWN, "some learners did not stop cleanly", evidence)
     worst = max((r["drift"] for r in rows), default=0.0)
-    return Verdict("converged", PASS, f"every learner within {worst:.4f} of a recent global version", evidence)
+    return Verdict("converged", PASS, f"every learner within {worst:.4f} of a global version superseded for at most "
+                                      f"{max((r['behind_seconds'] for r in rows), default=0):.1f}s", evidence)
 
 
 def check_final_loss(view: RunView, threshold: float | None = None, reference: float | None = None,

@@ -11,11 +11,13 @@ import os
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
+from faults import Schedule
 from faults.strategies import schedules
 
 from .support import FAST_TRAINER_ARGS, Trial, run_trial, save_artifacts
@@ -23,18 +25,29 @@ from .test_syncer_crash import syncer_crashes
 
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
-RUN_BUDGET = 8  # live runs per search, generation and shrinking together
+RUN_BUDGETS = {"ack_before_durable": 6, "double_apply": 12}  # live runs per search, shrinking included
 
 CASES = {
     # The syncer-crash suite: a SIGKILL loses what the syncer acknowledged but had not
     # made durable.
     "ack_before_durable": ("no_lost_acks", FAST_TRAINER_ARGS, syncer_crashes()),
-    # Link faults: a retry after a lost acknowledgement is merged again. Retries only
-    # reach the syncer if it does not drop them as stale first, hence the generous bound.
+    # Faults on the syncer -> learner stream: a push gets through, its acknowledgement does
+    # not, and the retry is merged again. Retries only reach the syncer if it does not drop
+    # them as stale first, hence the generous staleness bound.
     "double_apply": ("no_double_apply", FAST_TRAINER_ARGS + ["--max-staleness", "1000"],
-                     schedules(learners=2, kinds=("partition", "latency"), max_faults=3, horizon=6.0,
-                               min_duration=1.0, max_duration=4.0)),
+                     schedules(learners=2, kinds=("partition", "latency"), max_faults=3,
+                               horizon=6.0, min_duration=1.0, max_duration=4.0).map(lambda s: downstream_only(s))),
 }
+
+
+def downstream_only(schedule: Schedule) -> Schedule:
+    """The same schedule with every link fault on the downstream stream (syncer -> learner)."""
+    faults = []
+    for f in schedule.faults:
+        if hasattr(f, "direction") and getattr(f, "mode", "blackhole") != "refuse":
+            f = replace(f, direction="downstream")
+        faults.append(f)
+    return replace(schedule, faults=tuple(faults))
 
 
 def search(defect: str, check: str, trainer_args: list[str], strategy, base: Path) -> tuple[list[Trial], int]:
@@ -42,12 +55,14 @@ def search(defect: str, check: str, trainer_args: list[str], strategy, base: Pat
     failures: list[Trial] = []
     runs = 0
 
-    @settings(max_examples=RUN_BUDGET, deadline=None, database=None, derandomize=True,
+    budget = RUN_BUDGETS[defect]
+
+    @settings(max_examples=budget, deadline=None, database=None, derandomize=True,
               phases=[Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
     @given(schedule=strategy)
     def defect_is_invisible(schedule) -> None:
         nonlocal runs
-        if runs >= RUN_BUDGET or not schedule.faults:
+        if runs >= budget or not schedule.faults:
             return  # budget spent (or nothing to inject): count it as a pass, which ends shrinking
         runs += 1
         trial = run_trial(schedule, base, learners=2, trainer_args=trainer_args,
