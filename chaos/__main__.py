@@ -6,8 +6,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
-from trainer.cli_args import positive_float as _positive_float
-from trainer.cli_args import positive_int as _positive_int
+from trainer.argtypes import positive_float as _positive_float
+from trainer.argtypes import positive_int as _positive_int
 
 
 def print_verdicts(result) -> None:

@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from trainer.argtypes import positive_int
+
 if TYPE_CHECKING:
     from faults import Schedule
 
@@ -76,25 +78,13 @@ class ChaosOptions:
     artifacts: Path = Path("chaos-artifacts")
 
 
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("islands chaos", "islands chaos: fault-injection tests on a real cluster")
     group.addoption("--chaos-backend", choices=("local", "compose"), default="local",
                     help="cluster backend for the chaos fixtures and the chaos marker (default: local)")
     group.addoption("--chaos-seed", type=int, default=None, metavar="INT",
                     help="override the seed of every schedule run (default: each schedule keeps its own)")
-    group.addoption("--chaos-learners", type=_positive_int, default=3, metavar="N",
+    group.addoption("--chaos-learners", type=positive_int, default=3, metavar="N",
                     help="learners per cluster, unless a chaos marker says otherwise (default: 3)")
     group.addoption("--chaos-artifacts", default="chaos-artifacts", metavar="DIR",
                     help="where a failing chaos test leaves its schedule, history, events and a replay "
