@@ -21,8 +21,7 @@ import torch
 
 from .config import TrainConfig
 from .data import Corpus, evaluation_batches
-from .events import EVENTS_DIR, EventLog, iter_file, read_events
-from .metrics import summarize
+from .events import EVENTS_DIR, EventLog
 from .model import build_model
 from .state import StateDir, load_tensors
 from .sync_state import PARAM
@@ -218,10 +217,6 @@ def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, corpus: Corpus
     return sum(losses) / len(losses)
 
 
-def run_events(run_dir: Path) -> list[dict]:
-    return read_events(run_dir)
-
-
 def learner_logs_tail(run_dir: Path) -> str:
     out = []
     for log in sorted((run_dir / "logs").glob("*.log")):
@@ -229,7 +224,3 @@ def learner_logs_tail(run_dir: Path) -> str:
         if "Error" in tail or "Traceback" in tail:
             out.append(f"--- {log.name}\n{tail}")
     return "\n".join(out)
-
-
-__all__ = ["ClusterSpec", "LocalCluster", "ProgressTail", "evaluate", "final_parameters", "iter_file",
-           "run_events", "summarize", "learner_logs_tail"]
