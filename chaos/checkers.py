@@ -267,11 +267,13 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
-def check_converged(view: RunView, tolerance: float = 0.1, max_behind: float = 10.0) -> Verdict:
+def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 10.0) -> Verdict:
     """After the final heal, every learner still running at the end holds parameters
     within `tolerance` (relative L2) of the global version it last adopted, and that
     version had been superseded for at most `max_behind` seconds when the learner
     stopped (a learner that stopped adopting would fall further and further behind).
+    Within one round a young model moves up to ~20% of its norm, hence the loose
+    default; one that stopped adopting drifts without bound.
     Read from each learner's `final_params` event at its clean stop."""
     merges = [e for e in view.events if e["kind"] == "merge"]
     if not merges:
