@@ -58,7 +58,9 @@ class RunView:
 
     def windows(self) -> list[Window]:
         starts = {h["index"]: h for h in self.history if h.get("event") == "start" and h.get("ok")}
-        stops = {h["index"]: h for h in self.history if h.get("event") == "stop"}
+        # A stop that failed (say SIGCONT did not reach the process) leaves the fault in force
+        # until the next heal.
+        stops = {h["index"]: h for h in self.history if h.get("event") == "stop" and h.get("ok")}
         heals = [h["t"] for h in self.history if h.get("event") == "heal" and h.get("reason") != "start"]
         out = []
         for index, h in sorted(starts.items()):
@@ -103,6 +105,30 @@ def _covered(t: float, intervals: list[tuple[float, float]]) -> bool:
     return any(a <= t <= b for a, b in intervals)
 
 
+def check_faults_applied(view: RunView) -> Verdict:
+    """The controller did what the schedule said: every fault started and stopped without
+    an error, and every heal succeeded. Without this, a fault that silently failed to
+    apply would let every other check pass on a run that was never disturbed."""
+    begin = next((h for h in view.history if h.get("event") == "begin"), None)
+    if begin is None:
+        return Verdict("faults_applied", UNKNOWN, "no schedule began (no `begin` in the history)")
+    actions = [h for h in view.history if h.get("event") in ("start", "stop")]
+    errors = [{"fault": h["index"], "action": h["event"], "at": h.get("at"), "error": h.get("error")}
+              for h in actions if not h.get("ok")]
+    errors += [{"heal": h.get("reason"), "error": h.get("error")}
+               for h in view.history if h.get("event") == "heal" and not h.get("ok")]
+    started = {h["index"] for h in actions if h["event"] == "start" and h.get("ok")}
+    missing = sorted(set(range(begin.get("faults", 0))) - started)
+    evidence = {"faults": begin.get("faults", 0), "actions": len(actions), "errors": errors, "never_started": missing}
+    if errors:
+        return Verdict("faults_applied", FAIL, f"{len(errors)} fault action(s) or heal(s) failed: "
+                       + "; ".join(str(e.get("error")) for e in errors[:3]), evidence)
+    ended = any(h.get("event") == "end" for h in view.history)
+    if missing and ended:
+        return Verdict("faults_applied", FAIL, f"fault(s) {missing} never started", evidence)
+    return Verdict("faults_applied", PASS, f"{len(started)} fault(s) applied and healed without error", evidence)
+
+
 def check_progress(view: RunView, max_gap: float = 20.0, quorum: int = 1, recovery: float = 10.0) -> Verdict:
     """While the syncer and >= quorum learners are unimpaired, progress comes at least every max_gap s."""
     times = view.progress_times()
@@ -132,16 +158,28 @@ def check_progress(view: RunView, max_gap: float = 20.0, quorum: int = 1, recove
     return Verdict("progress", PASS, f"{len(times)} merges/rounds; no healthy gap over {max_gap}s", evidence)
 
 
-def _contributions(view: RunView) -> dict[int, list[float]]:
-    out: dict[int, list[float]] = {}
+def _contributions(view: RunView) -> dict[int, list[tuple[float, float]]]:
+    """Per learner: (merged at, pushed at) of each contribution, in merge order.
+
+    `pushed at` is when the syncer accepted the push, so a syncer that restarts and merges
+    pushes it accepted before it was killed does not make their learners look recovered.
+    A sync-mode round has no separate push: both times are the round's."""
+    accepted = {e["id"]: e["t"] for e in view.events if e["kind"] == "push_accepted" and "id" in e}
+    out: dict[int, list[tuple[float, float]]] = {}
     for e in view.events:
         if e["kind"] == "merge":
             for c in e["contributors"]:
-                out.setdefault(c["learner"], []).append(e["t"])
+                out.setdefault(c["learner"], []).append((e["t"], accepted.get(c.get("id"), e["t"])))
         elif e["kind"] == "sync_step":
             for learner in e["contributors"]:
-                out.setdefault(learner, []).append(e["t"])
+                out.setdefault(learner, []).append((e["t"], e["t"]))
     return out
+
+
+def _first_contribution_since(contributions: list[tuple[float, float]], since: float) -> float | None:
+    """When the first update pushed at or after `since` was merged."""
+    merged = [m for m, pushed in contributions if pushed >= since]
+    return min(merged) if merged else None
 
 
 def check_self_heal(view: RunView, within: float = 30.0) -> Verdict:
@@ -155,15 +193,15 @@ def check_self_heal(view: RunView, within: float = 30.0) -> Verdict:
         units = {_unit(t) for t in w.targets}
         learners = view.learners() if "syncer" in units else [int(u.split("-")[1]) for u in units]
         for learner in learners:
-            after = [t for t in contributions.get(learner, []) if t >= w.stop]
+            first = _first_contribution_since(contributions.get(learner, []), w.stop)
             row = {"fault": w.index, "kind": w.kind, "learner": learner, "healed_at": view.rel(w.stop)}
-            if after and after[0] - w.stop <= within:
-                row["contributed_after"] = round(after[0] - w.stop, 3)
-            elif view.end - w.stop < within and not after:
+            if first is not None and first - w.stop <= within:
+                row["contributed_after"] = round(first - w.stop, 3)
+            elif view.end - w.stop < within and first is None:
                 unknown.append(row)
                 row["status"] = "run ended too soon"
             else:
-                row["contributed_after"] = round(after[0] - w.stop, 3) if after else None
+                row["contributed_after"] = round(first - w.stop, 3) if first is not None else None
                 failed.append(row)
             results.append(row)
     evidence = {"within": within, "healings": results}
@@ -180,20 +218,23 @@ def check_self_heal(view: RunView, within: float = 30.0) -> Verdict:
 
 
 def check_every_learner_contributes_at_end(view: RunView, within: float = 30.0) -> Verdict:
-    """After the final heal, every learner contributes again."""
-    heals = [h["t"] for h in view.history if h.get("event") == "heal" and h.get("reason") == "end"]
-    last_fault_stop = max((w.stop for w in view.windows()), default=view.t0)
-    since = max(heals[-1] if heals else view.t0, last_fault_stop) if heals else last_fault_stop
+    """After the last fault ends, every learner pushes an update that gets merged. When a
+    learner has not, yet the run ended less than `within` s after that fault, it is unknown."""
+    since = max((w.stop for w in view.windows()), default=view.t0)
     contributions = _contributions(view)
-    missing = [i for i in view.learners() if not any(t >= since - within for t in contributions.get(i, []))]
-    evidence = {"since": view.rel(since), "learners": view.learners()}
+    missing = [i for i in view.learners() if _first_contribution_since(contributions.get(i, []), since) is None]
+    evidence = {"since": view.rel(since), "learners": view.learners(), "missing": missing}
+    if missing and view.end - since < within:
+        return Verdict("rejoined", UNKNOWN, f"learner(s) {missing} not back yet, {view.end - since:.1f}s after the "
+                                            f"last fault ended (less than {within}s)", evidence)
     if missing:
         return Verdict("rejoined", FAIL, f"learner(s) {missing} never contributed after the faults", evidence)
     return Verdict("rejoined", PASS, "every learner contributed after the last fault", evidence)
 
 
 def _acked(view: RunView) -> set[str]:
-    return {e["id"] for e in view.events if e["kind"] == "push" and e.get("status") == "accepted"}
+    # `duplicate` acknowledges too: the first answer was lost, and the learner forgets the push.
+    return {e["id"] for e in view.events if e["kind"] == "push" and e.get("status") in ("accepted", "duplicate")}
 
 
 def check_no_lost_acks(view: RunView) -> Verdict:
@@ -292,10 +333,11 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 1
             newer = [m["t"] for m in merges if m["fragment"] == frag["fragment"] and m["version"] > frag["version"]
                      and m["t"] <= e["t"]]
             behind = e["t"] - min(newer) if newer else 0.0
+            drift = float(frag["drift"])  # the event log writes NaN and Inf as strings
             row = {"learner": learner, "fragment": frag["fragment"], "version": frag["version"],
-                   "behind_seconds": round(behind, 3), "drift": round(frag["drift"], 5)}
+                   "behind_seconds": round(behind, 3), "drift": round(drift, 5)}
             rows.append(row)
-            if behind > max_behind or not frag["drift"] <= tolerance:
+            if behind > max_behind or not drift <= tolerance:
                 bad.append(row)
     evidence = {"tolerance": tolerance, "max_behind": max_behind, "learners": rows}
     if bad:
@@ -330,6 +372,7 @@ def check_final_loss(view: RunView, threshold: float | None = None, reference: f
 
 
 CHECKERS: dict[str, Callable[..., Verdict]] = {
+    "faults_applied": check_faults_applied,
     "progress": check_progress,
     "self_heal": check_self_heal,
     "rejoined": check_every_learner_contributes_at_end,

@@ -1,0 +1,928 @@
+"""The checkers on synthetic runs: events and history entries built by hand on a fake monotonic clock.
+
+Events have the shape trainer/events.py writes ({"t", "wall", "process", "pid", "learner", "kind", ...})
+with the fields the syncer and the learners really emit; history entries have the shape
+chaos/controller.py records. Times passed to the helpers are seconds after the history's `begin`.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from chaos.checkers import (CHECKERS, FAIL, PASS, UNKNOWN, RunView, Verdict, Window, check_converged,
+                            check_every_learner_contributes_at_end, check_faults_applied, check_final_loss,
+                            check_finite, check_monotonic_versions, check_no_double_apply, check_no_lost_acks,
+                            check_progress, check_self_heal, run_checkers, verdict_document)
+
+T0 = 1000.0  # the fake monotonic clock at the history's `begin`
+WALL0 = 1.7e9
+
+
+# --------------------------------------------------------------------------- events
+
+
+def ev(t: float, kind: str, process: str | None = None, learner: int | None = None, **fields) -> dict:
+    """One event as EventLog.emit writes it; the process defaults to learner-N or the syncer."""
+    if process is None:
+        process = f"learner-{learner}" if learner is not None else "syncer"
+    return {"t": T0 + t, "wall": WALL0 + t, "process": process, "pid": 100 + len(process),
+            "learner": learner, "kind": kind, **fields}
+
+
+def push_id(learner: int, seq: int, incarnation: int = 1) -> str:
+    return f"{learner}:{incarnation}:{seq}"
+
+
+def contributor(learner: int, seq: int, incarnation: int = 1, base_version: int = 0, version: int = 1) -> dict:
+    """One entry of a merge's `contributors`, as Syncer._merge emits it."""
+    return {"id": push_id(learner, seq, incarnation), "learner": learner, "incarnation": incarnation, "seq": seq,
+            "tokens": 2048, "base_version": base_version, "staleness": version - 1 - base_version,
+            "weight": 1.0, "steps": 4}
+
+
+def merge(t: float, fragment: int, version: int, contributors: list[dict], finite: bool = True) -> dict:
+    return ev(t, "merge", fragment=fragment, version=version, reason="quorum", quorum=1,
+              alive=sorted({c["learner"] for c in contributors}), contributors=contributors,
+              tokens=sum(c["tokens"] for c in contributors), expected_tokens=6144.0, fragment_share=0.5,
+              finite=finite, state_bytes=1024, seconds=0.01)
+
+
+def inner_step(t: float, learner: int, step: int, loss: float | str = 3.0, incarnation: int = 1) -> dict:
+    return ev(t, "inner_step", learner=learner, step=step, loss=loss, tokens=512, compute_s=0.05,
+              incarnation=incarnation, position=step * 512)
+
+
+def push(t: float, learner: int, seq: int, status: str = "accepted", fragment: int = 0, incarnation: int = 1,
+         version: int = 0) -> dict:
+    """The learner's `push` event once the syncer answered (status accepted, duplicate, stale...)."""
+    return ev(t, "push", learner=learner, fragment=fragment, seq=seq, id=push_id(learner, seq, incarnation),
+              base_version=0, tokens=2048, steps=4, wire_bytes=4096, encoding="fp16", status=status,
+              version=version, attempts=1, coalesced=0, latency=0.01, incarnation=incarnation)
+
+
+def apply(t: float, learner: int, fragment: int | None, version: int, incarnation: int = 1) -> dict:
+    return ev(t, "apply", learner=learner, fragment=fragment, version=version, alpha=0.0, incarnation=incarnation)
+
+
+def final_state(t: float, applied: dict[str, list[str]] | None, finite: bool = True) -> dict:
+    """The syncer's `final_state`; applied=None gives the sync-mode shape (no ledger, no `finite`)."""
+    if applied is None:
+        return ev(t, "final_state", mode="sync", counters={}, members={}, round=10)
+    return ev(t, "final_state", mode="decoupled", counters={"merges": 1}, members={},
+              versions=[len(ids) for ids in applied.values()], applied=applied, finite=finite)
+
+
+def final_params(t: float, learner: int, rows: list[tuple[int, int, float | str]], incarnation: int = 1) -> dict:
+    """A learner's `final_params`: rows of (fragment, adopted version, drift)."""
+    return ev(t, "final_params", learner=learner, incarnation=incarnation,
+              fragments=[{"fragment": f, "version": v, "drift": d} for f, v, d in rows])
+
+
+def evaluation(t: float, final_loss: float | str, unigram_entropy: float = 4.0, loss_floor: float = 2.0) -> dict:
+    """The evaluator's `eval` event (trainer eval --run-dir)."""
+    return ev(t, "eval", process="evaluator", final_loss=final_loss, loss_floor=loss_floor,
+              unigram_entropy=unigram_entropy, data="markov")
+
+
+def _inside(t: float, intervals) -> bool:
+    return any(a <= t < b for a, b in intervals)
+
+
+def training(until: float = 60.0, learners=(1, 2, 3), absent: dict | None = None, syncer_down=(),
+             start: float = 0.0, every: float = 1.0, fragments: int = 2) -> list[dict]:
+    """A decoupled run: every `every` s each present learner steps and pushes (acked at once), and the
+    syncer, unless down, merges one fragment (in turn) with every present learner's push.
+    `absent` maps a learner to the intervals in which it neither steps nor pushes."""
+    absent = absent or {}
+    events: list[dict] = []
+    seq = {i: 0 for i in learners}
+    steps = {i: 0 for i in learners}
+    versions = [0] * fragments
+    k = 0
+    while start + k * every <= until + 1e-9:
+        t = start + k * every
+        present = [i for i in learners if not _inside(t, absent.get(i, ()))]
+        for i in present:
+            steps[i] += 1
+            events.append(inner_step(t - 0.2, i, steps[i]))
+        if present and not _inside(t, syncer_down):
+            frag = k % fragments
+            versions[frag] += 1
+            contribs = []
+            for i in present:
+                seq[i] += 1
+                events.append(push(t - 0.1, i, seq[i], fragment=frag, version=versions[frag] - 1))
+                contribs.append(contributor(i, seq[i], base_version=versions[frag] - 1, version=versions[frag]))
+            events.append(merge(t, frag, versions[frag], contribs))
+        k += 1
+    return sorted(events, key=lambda e: e["t"])
+
+
+def ledger(events: list[dict]) -> dict[str, list[str]]:
+    """The applied ledger a syncer would hold after the merges in `events`."""
+    out: dict[str, list[str]] = {}
+    for e in events:
+        if e["kind"] == "merge":
+            out.setdefault(str(e["fragment"]), []).extend(c["id"] for c in e["contributors"])
+    return out
+
+
+def latest_versions(events: list[dict], until: float) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for e in events:
+        if e["kind"] == "merge" and e["t"] <= T0 + until:
+            out[e["fragment"]] = max(out.get(e["fragment"], 0), e["version"])
+    return out
+
+
+# --------------------------------------------------------------------------- history
+
+
+def h(t: float, event: str, **fields) -> dict:
+    return {"t": T0 + t, "wall": WALL0 + t, "event": event, **fields}
+
+
+def begin(faults: int, duration: float = 60.0) -> dict:
+    return h(0.0, "begin", seed=7, faults=faults, duration=duration)
+
+
+def kill(target: str, at: float, duration: float, restart: bool = True) -> dict:
+    fault = {"kind": "kill", "at": at, "duration": duration, "target": target}
+    return fault if restart else {**fault, "restart": False}
+
+
+def pause(target: str, at: float, duration: float) -> dict:
+    return {"kind": "pause", "at": at, "duration": duration, "target": target}
+
+
+def partition(targets: list[str], at: float, duration: float) -> dict:
+    return {"kind": "partition", "at": at, "duration": duration, "targets": targets}
+
+
+def latency(target: str, at: float, duration: float) -> dict:
+    return {"kind": "latency", "at": at, "duration": duration, "target": target, "latency_ms": 500}
+
+
+def action(t: float, event: str, index: int, fault: dict, ok: bool = True, error: str | None = None) -> dict:
+    """A `start` or `stop` entry as Controller.apply records it."""
+    planned = fault["at"] if event == "start" else fault["at"] + fault["duration"]
+    return h(t, event, index=index, kind=fault["kind"], fault=fault, planned=planned, at=round(t, 4), took=0.01,
+             did=f"{event} {fault['kind']}" if ok else None, ok=ok, error=error)
+
+
+def heal(t: float, reason: str = "end", ok: bool = True, error: str | None = None) -> dict:
+    if ok:
+        return h(t, "heal", reason=reason, did=[], ok=True)
+    return h(t, "heal", reason=reason, ok=False, error=error)
+
+
+def history_for(faults: list[dict], duration: float = 60.0, end: bool = True) -> list[dict]:
+    """What the controller records for a schedule whose faults all started and stopped on time."""
+    entries = [h(-1.0, "heal", reason="start", did=[], ok=True), begin(len(faults), duration)]
+    for i, fault in enumerate(faults):
+        entries.append(action(fault["at"], "start", i, fault))
+        if fault.get("restart", True) or fault["kind"] != "kill":
+            entries.append(action(fault["at"] + fault["duration"], "stop", i, fault))
+    entries.sort(key=lambda e: e["t"])
+    entries.append(heal(duration))
+    if end:
+        entries.append(h(duration + 0.1, "end", errors=[]))
+    return entries
+
+
+def view(events: list[dict], history: list[dict] | None = None) -> RunView:
+    return RunView(sorted(events, key=lambda e: e["t"]), history if history is not None else history_for([]))
+
+
+# --------------------------------------------------------------------------- RunView
+
+
+def test_t0_is_the_history_begin_else_the_first_event_else_zero():
+    """Times are measured from `begin`; without one from the first event; an empty run starts at 0."""
+    events = [inner_step(-5.0, 1, 1), inner_step(3.0, 1, 2)]
+    assert view(events, history_for([])).t0 == T0
+    assert RunView(events, []).t0 == T0 - 5.0
+    assert RunView([], []).t0 == 0.0
+    assert view(events).rel(T0 + 12.3456) == 12.346
+
+
+def test_end_is_the_last_step_or_merge_not_the_last_event():
+    """The run ends at its last inner step, merge or sync step; later shutdown events do not count."""
+    events = [inner_step(10.0, 1, 1), merge(20.0, 0, 1, [contributor(1, 1)]),
+              ev(30.0, "process_stop", role="syncer", reason="signal")]
+    assert view(events).end == T0 + 20.0
+    assert view([ev(5.0, "process_start", role="syncer")]).end == T0
+
+
+def test_learners_come_only_from_learner_processes():
+    """The syncer's join/push_accepted events carry a learner field but do not make a learner."""
+    events = [inner_step(1.0, 3, 1), inner_step(1.0, 1, 1),
+              ev(2.0, "join", process="syncer", learner=7, incarnation=1, rejoin=False),
+              ev(2.5, "push_accepted", process="syncer", learner=9, incarnation=1, seq=1, id="9:1:1")]
+    assert view(events).learners() == [1, 3]
+
+
+def test_final_state_is_the_last_one_and_progress_times_are_merges_and_sync_steps():
+    """final_state() returns the syncer's last clean stop; progress counts merges and sync steps only."""
+    first, last = final_state(10.0, {"0": []}), final_state(20.0, {"0": ["1:1:1"]})
+    events = [first, merge(5.0, 0, 1, [contributor(1, 1)]), inner_step(6.0, 1, 1),
+              ev(7.0, "sync_step", round=1, contributors=[1], tokens=512, seconds=0.1), last]
+    v = view(events)
+    assert v.final_state() is last
+    assert v.progress_times() == [T0 + 5.0, T0 + 7.0]
+    assert view([inner_step(1.0, 1, 1)]).final_state() is None
+
+
+def test_windows_pair_each_ok_start_with_its_stop():
+    """A window runs from the start entry to the stop entry, with the fault's kind and targets."""
+    faults = [kill("learner-1", 10.0, 5.0), partition(["learner-2", "learner-3"], 20.0, 8.0)]
+    windows = view(training(60.0), history_for(faults)).windows()
+    assert windows == [Window(0, "kill", ("learner-1",), T0 + 10.0, T0 + 15.0),
+                       Window(1, "partition", ("learner-2", "learner-3"), T0 + 20.0, T0 + 28.0)]
+
+
+def test_windows_skip_a_fault_that_failed_to_start():
+    """A start with ok=False put nothing in force: no window."""
+    fault = pause("learner-1", 10.0, 5.0)
+    history = [begin(1), action(10.0, "start", 0, fault, ok=False, error="ProcessLookupError: gone"),
+               action(15.0, "stop", 0, fault), heal(60.0)]
+    assert view(training(60.0), history).windows() == []
+
+
+def test_windows_without_a_stop_end_at_the_next_final_heal():
+    """A kill with restart=False has no stop: it is in force until the first later heal, not the start heal."""
+    fault = kill("learner-2", 30.0, 5.0, restart=False)
+    history = [heal(-1.0, reason="start"), begin(1), action(30.0, "start", 0, fault),
+               heal(60.0, reason="end"), heal(61.0, reason="signal"), h(61.5, "end", errors=[])]
+    assert view(training(70.0), history).windows() == [Window(0, "kill", ("learner-2",), T0 + 30.0, T0 + 60.0)]
+
+
+def test_windows_without_stop_or_heal_end_at_the_end_of_the_run():
+    """With neither a stop nor a later heal (the controller died), the fault lasts to the run's end."""
+    fault = pause("syncer", 30.0, 5.0)
+    history = [heal(-1.0, reason="start"), begin(1), action(30.0, "start", 0, fault)]
+    (window,) = view(training(45.0), history).windows()
+    assert (window.start, window.stop) == (T0 + 30.0, T0 + 45.0)
+
+
+def test_windows_are_sorted_by_fault_index_and_rank_targets_are_kept():
+    """Windows come out in fault-index order whatever the history order; rank targets are kept as written."""
+    a, b = pause("learner-2/rank-0", 5.0, 20.0), kill("learner-1", 10.0, 5.0)
+    history = [begin(2), action(10.0, "start", 1, b), action(5.0, "start", 0, a),
+               action(15.0, "stop", 1, b), action(25.0, "stop", 0, a)]
+    windows = view(training(30.0), history).windows()
+    assert [w.index for w in windows] == [0, 1]
+    assert windows[0].targets == ("learner-2/rank-0",)
+
+
+def test_a_failed_stop_leaves_the_fault_in_force_until_the_final_heal():
+    """SIGCONT failed at 15 s: learner-1 stayed paused until the final heal at 60 s."""
+    fault = pause("learner-1", 10.0, 5.0)
+    history = [begin(1), action(10.0, "start", 0, fault),
+               action(15.0, "stop", 0, fault, ok=False, error="ProcessLookupError: no such process"),
+               heal(60.0), h(60.1, "end", errors=["faults[0] stop: ProcessLookupError"])]
+    (window,) = view(training(65.0), history).windows()
+    assert window.stop == T0 + 60.0
+
+
+# --------------------------------------------------------------------------- faults_applied
+
+
+def test_faults_applied_passes_when_every_action_and_heal_succeeded():
+    """Every start and stop ok, every heal ok, the run ended: pass, with nothing never started."""
+    faults = [kill("learner-1", 10.0, 5.0), latency("learner-2", 20.0, 5.0)]
+    verdict = check_faults_applied(view(training(), history_for(faults)))
+    assert verdict.status == PASS
+    assert verdict.evidence == {"faults": 2, "actions": 4, "errors": [], "never_started": []}
+    assert "2 fault(s)" in verdict.detail
+
+
+def test_faults_applied_fails_naming_the_fault_and_error_of_a_failed_start():
+    """A start with ok=False fails the check; the evidence names the fault index, action and error."""
+    faults = [kill("learner-1", 10.0, 5.0), pause("learner-2", 20.0, 5.0)]
+    history = history_for(faults)
+    history[4] = action(20.0, "start", 1, faults[1], ok=False, error="ProcessLookupError: no such process")
+    assert history[4]["event"] == "start"
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert "ProcessLookupError: no such process" in verdict.detail
+    assert verdict.evidence["errors"] == [{"fault": 1, "action": "start", "at": 20.0,
+                                           "error": "ProcessLookupError: no such process"}]
+    assert verdict.evidence["never_started"] == [1]
+
+
+def test_faults_applied_fails_on_a_failed_stop():
+    """A stop with ok=False (the restart failed) fails the check and names the fault."""
+    fault = kill("learner-3", 10.0, 5.0)
+    history = [begin(1), action(10.0, "start", 0, fault),
+               action(15.0, "stop", 0, fault, ok=False, error="RuntimeError: restart failed"), heal(60.0)]
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert verdict.evidence["errors"][0]["fault"] == 0
+    assert verdict.evidence["errors"][0]["action"] == "stop"
+    assert "restart failed" in verdict.detail
+
+
+def test_faults_applied_fails_on_a_failed_heal():
+    """A heal with ok=False (the cluster was left disturbed) fails the check, naming the heal's reason."""
+    history = history_for([kill("learner-1", 10.0, 5.0)])
+    history[-2] = heal(60.0, reason="end", ok=False, error="ConnectionError: toxiproxy down")
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert {"heal": "end", "error": "ConnectionError: toxiproxy down"} in verdict.evidence["errors"]
+    assert "toxiproxy down" in verdict.detail
+
+
+def test_faults_applied_fails_on_a_failed_start_heal():
+    """The heal before the schedule (reason `start`) counts too."""
+    history = history_for([])
+    history[0] = heal(-1.0, reason="start", ok=False, error="TimeoutError")
+    assert check_faults_applied(view(training(), history)).status == FAIL
+
+
+def test_faults_applied_fails_when_a_fault_never_started_although_the_run_ended():
+    """The schedule had 3 faults, the history started only 2, and the controller ended: fail, naming index 2."""
+    faults = [kill("learner-1", 10.0, 5.0), pause("learner-2", 20.0, 5.0)]
+    history = history_for(faults)
+    history[1] = begin(3)
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert verdict.evidence["never_started"] == [2]
+    assert "[2]" in verdict.detail
+
+
+def test_faults_applied_does_not_count_missing_faults_before_the_end():
+    """Without an `end` entry (the controller is still running) a fault not yet started is no failure."""
+    history = history_for([kill("learner-1", 10.0, 5.0)], end=False)
+    history[1] = begin(2)
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == PASS
+    assert verdict.evidence["never_started"] == [1]
+
+
+def test_faults_applied_reports_at_most_three_errors_in_the_detail():
+    """The detail quotes the first three errors; the evidence keeps them all."""
+    faults = [pause(f"learner-{i}", 10.0 * i, 5.0) for i in (1, 2, 3)] + [pause("syncer", 40.0, 5.0)]
+    history = [begin(4)] + [action(f["at"], "start", i, f, ok=False, error=f"boom-{i}") for i, f in enumerate(faults)]
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert "boom-2" in verdict.detail and "boom-3" not in verdict.detail
+    assert len(verdict.evidence["errors"]) == 4
+
+
+def test_faults_applied_is_unknown_without_a_begin():
+    """No `begin`: no schedule ran, so there is nothing to judge."""
+    assert check_faults_applied(view(training(), [heal(-1.0, reason="start")])).status == UNKNOWN
+    assert check_faults_applied(view(training(), [])).status == UNKNOWN
+
+
+# --------------------------------------------------------------------------- progress
+
+
+def test_progress_passes_on_a_steady_run():
+    """A merge every second: pass, with the first and last progress times in the evidence."""
+    verdict = check_progress(view(training(60.0)))
+    assert verdict.status == PASS
+    assert verdict.evidence["violations"] == []
+    assert (verdict.evidence["first"], verdict.evidence["last"]) == (0.0, 60.0)
+
+
+def test_progress_fails_without_any_merge():
+    """Learners stepped but the syncer never merged: fail."""
+    events = [inner_step(float(t), 1, t) for t in range(1, 30)]
+    verdict = check_progress(view(events))
+    assert verdict.status == FAIL
+    assert "no merge" in verdict.detail
+
+
+def test_progress_fails_on_a_long_gap_while_everyone_is_healthy():
+    """No merge from 20 s to 55 s with no fault in force: fail, naming the gap."""
+    verdict = check_progress(view(training(80.0, syncer_down=[(20.0, 55.0)])), max_gap=20.0)
+    assert verdict.status == FAIL
+    (violation,) = verdict.evidence["violations"]
+    assert (violation["from"], violation["to"]) == (19.0, 55.0)
+    assert violation["healthy_seconds"] > 20.0
+
+
+def test_progress_excuses_the_same_gap_while_the_syncer_is_paused():
+    """The same gap, while a pause of the syncer (20..45 s, plus 10 s recovery) is in force: pass."""
+    events = training(80.0, syncer_down=[(20.0, 55.0)])
+    verdict = check_progress(view(events, history_for([pause("syncer", 20.0, 25.0)], duration=80.0)), max_gap=20.0)
+    assert verdict.status == PASS, verdict.evidence
+
+
+def test_progress_gap_longer_than_the_recovery_allowance_fails():
+    """A syncer fault excuses its window plus `recovery`, not a stall that goes on long after it."""
+    events = training(100.0, syncer_down=[(20.0, 80.0)])
+    history = history_for([pause("syncer", 20.0, 10.0)], duration=100.0)
+    verdict = check_progress(view(events, history), max_gap=20.0, recovery=10.0)
+    assert verdict.status == FAIL
+    assert verdict.evidence["violations"][0]["healthy_seconds"] == pytest.approx(40.0, abs=1.0)
+
+
+def test_progress_quorum_decides_whether_one_healthy_learner_should_merge():
+    """Learners 1 and 2 cut off, learner 3 healthy, no merges: a gap with quorum=1, excused with quorum=2."""
+    events = training(80.0, absent={1: [(20.0, 55.0)], 2: [(20.0, 55.0)]}, syncer_down=[(20.0, 55.0)])
+    history = history_for([partition(["learner-1", "learner-2"], 20.0, 25.0)], duration=80.0)
+    assert check_progress(view(events, history), max_gap=20.0, quorum=1).status == FAIL
+    assert check_progress(view(events, history), max_gap=20.0, quorum=2).status == PASS
+
+
+def test_progress_is_not_excused_by_a_link_fault_or_a_failed_start():
+    """Latency does not impair a learner, and a fault that failed to start was never in force."""
+    events = training(80.0, syncer_down=[(20.0, 55.0)])
+    fault = pause("syncer", 20.0, 25.0)
+    failed = [begin(1), action(20.0, "start", 0, fault, ok=False, error="boom"), action(45.0, "stop", 0, fault)]
+    assert check_progress(view(events, failed), max_gap=20.0).status == FAIL
+    lat = history_for([latency(f"learner-{i}", 20.0, 25.0) for i in (1, 2, 3)], duration=80.0)
+    assert check_progress(view(events, lat), max_gap=20.0).status == FAIL
+
+
+def test_progress_ignores_the_start_up_recovery():
+    """The first `recovery` seconds after `begin` are not judged: a first merge at 25 s is fine, at 35 s not."""
+    assert check_progress(view(training(60.0, start=25.0)), max_gap=20.0, recovery=10.0).status == PASS
+    assert check_progress(view(training(60.0, start=35.0)), max_gap=20.0, recovery=10.0).status == FAIL
+
+
+def test_progress_fails_when_merges_stop_but_learners_keep_stepping():
+    """The last stretch runs to the end of the run (the last inner step), so a stall at the end is caught."""
+    events = training(30.0) + [inner_step(float(t), 1, 100 + t) for t in range(31, 70)]
+    verdict = check_progress(view(events), max_gap=20.0)
+    assert verdict.status == FAIL
+    assert verdict.evidence["violations"][-1]["to"] == 69.0
+
+
+def test_progress_counts_sync_steps():
+    """Sync mode has no merges: its all-reduce rounds are progress."""
+    events = [ev(float(t), "sync_step", round=t, contributors=[1, 2], tokens=1024, seconds=0.01)
+              for t in range(0, 61)]
+    events += [inner_step(float(t) - 0.1, i, t) for t in range(0, 61) for i in (1, 2)]
+    verdict = check_progress(view(events))
+    assert verdict.status == PASS
+    assert verdict.evidence["progress_events"] == 61
+
+
+# --------------------------------------------------------------------------- self_heal
+
+
+def test_self_heal_passes_when_a_killed_learner_contributes_soon_after_the_stop():
+    """learner-1 killed 20..30 s contributes to a merge at 32 s: pass, 2 s after the heal."""
+    events = training(80.0, absent={1: [(20.0, 32.0)]})
+    verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0)))
+    assert verdict.status == PASS
+    assert verdict.evidence["healings"] == [{"fault": 0, "kind": "kill", "learner": 1, "healed_at": 30.0,
+                                             "contributed_after": 2.0}]
+
+
+def test_self_heal_fails_naming_a_learner_that_never_contributes_again():
+    """learner-1 killed 20..30 s never contributes again in an 80 s run: fail, naming learner and fault."""
+    events = training(80.0, absent={1: [(20.0, 1000.0)]})
+    verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0)))
+    assert verdict.status == FAIL
+    assert verdict.evidence["failed"] == [{"fault": 0, "kind": "kill", "learner": 1, "healed_at": 30.0,
+                                           "contributed_after": None}]
+
+
+def test_self_heal_fails_when_the_contribution_comes_too_late():
+    """Back 45 s after the heal with within=30: fail, with the real delay in the evidence."""
+    events = training(100.0, absent={1: [(20.0, 75.0)]})
+    verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=100.0)),
+                              within=30.0)
+    assert verdict.status == FAIL
+    assert verdict.evidence["failed"][0]["contributed_after"] == 45.0
+
+
+def test_self_heal_is_unknown_when_the_heal_is_too_close_to_the_end():
+    """Healed at 70 s of an 80 s run and not back yet: not enough run left to judge."""
+    events = training(80.0, absent={1: [(50.0, 1000.0)]})
+    verdict = check_self_heal(view(events, history_for([kill("learner-1", 50.0, 20.0)], duration=80.0)))
+    assert verdict.status == UNKNOWN
+    assert verdict.evidence["healings"][0]["status"] == "run ended too soon"
+
+
+def test_self_heal_counts_a_syncer_fault_for_every_learner():
+    """After a syncer pause every learner must contribute again: learner-3, never back, is named."""
+    events = training(80.0, syncer_down=[(20.0, 31.0)], absent={3: [(20.0, 1000.0)]})
+    verdict = check_self_heal(view(events, history_for([pause("syncer", 20.0, 10.0)], duration=80.0)))
+    assert verdict.status == FAIL
+    assert [r["learner"] for r in verdict.evidence["failed"]] == [3]
+    assert [r["learner"] for r in verdict.evidence["healings"]] == [1, 2, 3]
+
+
+def test_self_heal_checks_every_partitioned_learner_and_rank_targets():
+    """A partition of two learners and a pause of one rank are judged per learner (rank -> its learner)."""
+    faults = [partition(["learner-1", "learner-2"], 10.0, 5.0), pause("learner-3/rank-0", 30.0, 5.0)]
+    events = training(80.0, absent={1: [(10.0, 16.0)], 2: [(10.0, 18.0)], 3: [(30.0, 36.0)]})
+    verdict = check_self_heal(view(events, history_for(faults, duration=80.0)))
+    assert verdict.status == PASS
+    rows = {(r["fault"], r["learner"]): r["contributed_after"] for r in verdict.evidence["healings"]}
+    assert rows == {(0, 1): 1.0, (0, 2): 3.0, (1, 3): 1.0}
+    assert "slowest contribution 3.0s" in verdict.detail
+
+
+def test_self_heal_passes_when_no_learner_was_impaired():
+    """Link faults do not impair: with only a latency fault there is nothing to heal."""
+    verdict = check_self_heal(view(training(), history_for([latency("learner-1", 10.0, 5.0)])))
+    assert verdict.status == PASS
+    assert verdict.evidence["healings"] == []
+
+
+def test_self_heal_counts_sync_step_contributors():
+    """In sync mode a learner's contribution is its id in a sync step's contributors."""
+    events = [ev(float(t), "sync_step", round=t, contributors=[1, 2] if not 20 <= t < 33 else [2], tokens=1024,
+                 seconds=0.01) for t in range(0, 81)]
+    events += [inner_step(float(t) - 0.1, i, t) for t in range(0, 81) for i in (1, 2)]
+    verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0)))
+    assert verdict.status == PASS
+    assert verdict.evidence["healings"][0]["contributed_after"] == 3.0
+
+
+def test_self_heal_does_not_count_pushes_made_before_a_syncer_kill():
+    """Syncer killed 20..30 s; at 30.5 s it merges the pushes pending from before the kill (learner-3's at 19.9 s).
+    learner-3 then never pushes again, so it did not self-heal."""
+    events = training(80.0, syncer_down=[(19.5, 31.0)], absent={3: [(19.5, 1000.0)]})
+    events += [push(19.9, 3, 50, fragment=1), ev(19.9, "push_accepted", process="syncer", learner=3, incarnation=1,
+                                                seq=50, id=push_id(3, 50), fragment=1),
+               merge(30.5, 1, 99, [contributor(1, 500), contributor(2, 500), contributor(3, 50)])]
+    verdict = check_self_heal(view(events, history_for([kill("syncer", 20.0, 10.0)], duration=80.0)))
+    assert verdict.status == FAIL
+    assert [r["learner"] for r in verdict.evidence["failed"]] == [3]
+
+
+# --------------------------------------------------------------------------- rejoined
+
+
+def test_rejoined_passes_when_every_learner_contributes_after_the_faults():
+    """Everyone contributes up to the end: pass, under the name `rejoined`."""
+    events = training(62.0, absent={1: [(20.0, 32.0)]})
+    verdict = check_every_learner_contributes_at_end(view(events, history_for([kill("learner-1", 20.0, 10.0)])))
+    assert verdict.name == "rejoined"
+    assert verdict.status == PASS
+    assert verdict.evidence == {"since": 30.0, "learners": [1, 2, 3], "missing": []}  # the kill's stop
+
+
+def test_rejoined_fails_naming_a_learner_gone_long_before_the_end():
+    """learner-3, killed at 5 s, never came back in a 62 s run: fail, naming it."""
+    events = training(62.0, absent={3: [(5.0, 1000.0)]})
+    verdict = check_every_learner_contributes_at_end(view(events, history_for([kill("learner-3", 5.0, 3.0)])))
+    assert verdict.status == FAIL
+    assert "[3]" in verdict.detail
+
+
+def test_rejoined_without_a_final_heal_measures_from_the_last_fault_stop():
+    """No `end` heal (the controller was killed): the last fault's stop (50 s) is the reference."""
+    faults = [pause("learner-2", 40.0, 10.0)]
+    history = [begin(1), action(40.0, "start", 0, faults[0]), action(50.0, "stop", 0, faults[0])]
+    events = training(100.0, absent={2: [(15.0, 1000.0)]})
+    verdict = check_every_learner_contributes_at_end(view(events, history))
+    assert verdict.evidence["since"] == 50.0
+    assert verdict.status == FAIL  # learner-2's last contribution, at 14 s, is before the fault's stop
+    events = training(100.0, absent={2: [(15.0, 52.0)]})
+    assert check_every_learner_contributes_at_end(view(events, history)).status == PASS  # back at 52 s
+
+
+def test_rejoined_does_not_count_contributions_from_before_the_learner_was_killed():
+    """learner-2 killed for good at 30 s (restart=False), final heal at 50 s, run over at 51 s: it never rejoined."""
+    events = training(51.0, absent={2: [(30.0, 1000.0)]})
+    history = history_for([kill("learner-2", 30.0, 5.0, restart=False)], duration=50.0)
+    verdict = check_every_learner_contributes_at_end(view(events, history))
+    assert verdict.status != PASS, verdict.detail
+
+
+# --------------------------------------------------------------------------- no_lost_acks
+
+
+def test_no_lost_acks_passes_when_every_acked_push_is_in_the_ledger():
+    """Every `push` answered `accepted` appears in the final state's applied ledger."""
+    events = training(30.0)
+    events.append(final_state(31.0, ledger(events)))
+    verdict = check_no_lost_acks(view(events))
+    assert verdict.status == PASS
+    assert verdict.evidence["lost"] == []
+    assert verdict.evidence["acked"] == verdict.evidence["applied"] == 93
+
+
+def test_no_lost_acks_fails_naming_an_acked_push_missing_from_the_ledger():
+    """An acknowledged push that no fragment's ledger holds is lost: fail, naming its id."""
+    events = training(10.0)
+    applied = ledger(events)
+    applied["1"].remove("2:1:4")
+    events.append(final_state(11.0, applied))
+    verdict = check_no_lost_acks(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["lost"] == ["2:1:4"]
+
+
+def test_no_lost_acks_ignores_pushes_that_were_not_acknowledged():
+    """Refused and stale pushes were never promised: missing from the ledger is fine."""
+    events = [push(1.0, 1, 1), push(2.0, 1, 2, status="stale"),
+              ev(3.0, "push", learner=1, fragment=0, seq=3, status="refused", reason="protocol", detail="x",
+                 wire_bytes=10, id="1:1:3", incarnation=1),
+              merge(4.0, 0, 1, [contributor(1, 1)]), final_state(5.0, {"0": ["1:1:1"]})]
+    assert check_no_lost_acks(view(events)).status == PASS
+
+
+def test_no_lost_acks_is_unknown_without_a_decoupled_final_state():
+    """No final state (the syncer did not stop cleanly), or the sync-mode one with no ledger: unknown."""
+    events = training(10.0)
+    assert check_no_lost_acks(view(events)).status == UNKNOWN
+    assert check_no_lost_acks(view(events + [final_state(11.0, None)])).status == UNKNOWN
+
+
+def test_no_lost_acks_counts_a_duplicate_answer_as_an_acknowledgement():
+    """The first reply to 1:1:5 was lost; the retry was answered `duplicate`; the ledger never got it."""
+    events = [ev(1.0, "push_accepted", process="syncer", learner=1, incarnation=1, seq=5, id="1:1:5", fragment=0),
+              push(2.0, 1, 5, status="duplicate"), merge(3.0, 0, 1, [contributor(2, 1)]),
+              final_state(4.0, {"0": ["2:1:1"]})]
+    verdict = check_no_lost_acks(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["lost"] == ["1:1:5"]
+
+
+# --------------------------------------------------------------------------- no_double_apply
+
+
+def test_no_double_apply_passes_when_each_push_is_merged_once():
+    """Distinct ids across merges and a ledger without repeats: pass."""
+    events = training(20.0)
+    events.append(final_state(21.0, ledger(events)))
+    verdict = check_no_double_apply(view(events))
+    assert verdict.status == PASS
+    assert verdict.evidence == {"merged": 63}
+
+
+def test_no_double_apply_fails_naming_a_push_merged_twice():
+    """The same push id in two merges: fail, naming the id and both times."""
+    events = [merge(5.0, 0, 1, [contributor(1, 1), contributor(2, 1)]),
+              merge(9.0, 0, 2, [contributor(2, 1), contributor(1, 2)])]
+    verdict = check_no_double_apply(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["doubles"] == [{"id": "2:1:1", "first": 5.0, "again": 9.0}]
+
+
+def test_no_double_apply_fails_on_duplicates_in_the_final_ledger():
+    """A ledger listing an id twice (e.g. replayed after a restart) fails, naming the fragment."""
+    events = [merge(5.0, 1, 1, [contributor(1, 1)]), final_state(6.0, {"0": [], "1": ["1:1:1", "1:1:1"]})]
+    verdict = check_no_double_apply(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["doubles"] == [{"fragment": "1", "ledger_duplicates": 1}]
+
+
+def test_no_double_apply_tells_incarnations_apart():
+    """seq 1 of incarnation 1 and seq 1 of incarnation 2 (a restarted learner) are different pushes."""
+    events = [merge(5.0, 0, 1, [contributor(1, 1, incarnation=1)]),
+              merge(9.0, 0, 2, [contributor(1, 1, incarnation=2)])]
+    assert check_no_double_apply(view(events)).status == PASS
+
+
+# --------------------------------------------------------------------------- monotonic_versions
+
+
+def test_monotonic_versions_passes_when_each_fragment_rises_on_its_own():
+    """Fragments have independent version counters; learners' applies only rise."""
+    events = training(20.0) + [apply(3.0, 1, 0, 1), apply(6.0, 1, 0, 2), apply(6.5, 1, 0, 2), apply(7.0, 1, 1, 3)]
+    verdict = check_monotonic_versions(view(events))
+    assert verdict.status == PASS
+    assert verdict.evidence["final_versions"] == {0: 11, 1: 10}
+
+
+def test_monotonic_versions_fails_when_a_merge_repeats_a_version():
+    """A syncer restarted from stale state merges version 3 of fragment 0 again: fail, naming it."""
+    events = [merge(1.0, 0, 1, []), merge(2.0, 0, 2, []), merge(3.0, 0, 3, []), merge(4.0, 1, 1, []),
+              merge(9.0, 0, 3, [])]
+    verdict = check_monotonic_versions(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["backwards"] == [{"fragment": 0, "version": 3, "after": 3, "at": 9.0}]
+
+
+def test_monotonic_versions_fails_when_a_merge_goes_back():
+    """Version 2 after version 5 of fragment 1: fail."""
+    events = [merge(1.0, 1, 5, []), merge(2.0, 1, 2, [])]
+    verdict = check_monotonic_versions(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["backwards"][0]["version"] == 2
+
+
+def test_monotonic_versions_fails_when_a_learner_adopts_an_older_version():
+    """learner-2 adopts version 4 then version 3 of fragment 1 in one incarnation: fail, naming the learner."""
+    events = [merge(1.0, 1, 4, []), apply(2.0, 2, 1, 4), apply(3.0, 2, 1, 3)]
+    verdict = check_monotonic_versions(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["backwards"] == [{"learner": 2, "fragment": 1, "version": 3, "after": 4, "at": 3.0}]
+
+
+def test_monotonic_versions_resets_per_incarnation_and_ignores_sync_resyncs():
+    """A restarted learner may adopt an older version than its previous life; sync resyncs have no fragment."""
+    events = [merge(1.0, 0, 4, []), apply(2.0, 2, 0, 4, incarnation=1), apply(3.0, 2, 0, 2, incarnation=2),
+              apply(4.0, 1, None, 9), apply(5.0, 1, None, 1)]
+    assert check_monotonic_versions(view(events)).status == PASS
+
+
+# --------------------------------------------------------------------------- finite
+
+
+def test_finite_passes_on_a_healthy_run():
+    events = training(10.0) + [final_state(11.0, {"0": []})]
+    verdict = check_finite(view(events))
+    assert verdict.status == PASS
+    assert verdict.evidence == {"nonfinite_merges": [], "nonfinite_losses": [], "final_finite": True}
+
+
+def test_finite_fails_on_a_non_finite_merge():
+    """A merge that produced NaN global parameters: fail, with its time."""
+    events = [merge(4.0, 0, 1, [contributor(1, 1)], finite=False)]
+    verdict = check_finite(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["nonfinite_merges"] == [4.0]
+
+
+def test_finite_fails_on_a_non_finite_final_state():
+    events = [merge(4.0, 0, 1, [contributor(1, 1)]), final_state(5.0, {"0": ["1:1:1"]}, finite=False)]
+    verdict = check_finite(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["final_finite"] is False
+
+
+@pytest.mark.parametrize("loss", ["nan", "inf", "-inf", float("nan"), float("inf")])
+def test_finite_fails_on_a_non_finite_loss_naming_the_learner(loss):
+    """EventLog writes NaN/Inf as strings; either form of a non-finite loss fails, naming learner and time."""
+    events = [inner_step(1.0, 1, 1, 3.0), inner_step(2.0, 3, 1, loss)]
+    verdict = check_finite(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["nonfinite_losses"] == [(3, 2.0)]
+
+
+def test_finite_accepts_a_sync_mode_final_state():
+    """The sync-mode final state has no `finite` field: it is not taken as a failure."""
+    events = [inner_step(1.0, 1, 1, 2.5), final_state(2.0, None)]
+    assert check_finite(view(events)).status == PASS
+
+
+# --------------------------------------------------------------------------- converged
+
+
+def _converged_run(drift: dict[int, float | str] | None = None, adopted: dict[int, dict[int, int]] | None = None):
+    """40 s of training; each learner stops cleanly at 41 s holding `adopted` versions (default: the latest)."""
+    events = training(40.0)
+    latest = latest_versions(events, 41.0)
+    for i in (1, 2, 3):
+        versions = {**latest, **(adopted or {}).get(i, {})}
+        d = (drift or {}).get(i, 0.01)
+        events.append(final_params(41.0, i, [(f, v, d) for f, v in sorted(versions.items())]))
+    return events
+
+
+def test_converged_is_unknown_without_merges():
+    """Sync mode (or nothing merged): nothing to converge to."""
+    events = [inner_step(1.0, 1, 1), final_params(2.0, 1, [(0, 0, 0.0)])]
+    assert check_converged(view(events)).status == UNKNOWN
+
+
+def test_converged_passes_when_every_learner_holds_a_recent_version():
+    """Each learner's final parameters are close to the latest global version: pass."""
+    verdict = check_converged(view(_converged_run()))
+    assert verdict.status == PASS
+    assert len(verdict.evidence["learners"]) == 6
+    assert all(r["behind_seconds"] == 0.0 for r in verdict.evidence["learners"])
+
+
+def test_converged_fails_naming_a_learner_that_drifted():
+    """learner-2's parameters are 0.9 (relative L2) from its global version: fail, naming it."""
+    verdict = check_converged(view(_converged_run(drift={2: 0.9})), tolerance=0.5)
+    assert verdict.status == FAIL
+    assert {r["learner"] for r in verdict.evidence["learners"] if r["drift"] > 0.5} == {2}
+    assert "2 learner fragment(s)" in verdict.detail
+
+
+def test_converged_fails_naming_a_learner_that_stopped_adopting():
+    """learner-3 holds version 5 of fragment 0 although version 6 was merged at 10 s: ~31 s behind, fail."""
+    verdict = check_converged(view(_converged_run(adopted={3: {0: 5}})), max_behind=10.0)
+    assert verdict.status == FAIL
+    bad = [r for r in verdict.evidence["learners"] if r["behind_seconds"] > 10.0]
+    assert [(r["learner"], r["fragment"], r["version"]) for r in bad] == [(3, 0, 5)]
+    assert bad[0]["behind_seconds"] == pytest.approx(31.0)
+
+
+def test_converged_allows_a_version_superseded_only_recently():
+    """A version superseded 1 s before the stop is within max_behind; merges after the stop do not count."""
+    events = _converged_run()
+    latest = latest_versions(events, 41.0)
+    events += [merge(50.0, 0, latest[0] + 1, [contributor(1, 900)])]
+    events = [e for e in events if not (e["kind"] == "final_params" and e["learner"] == 1)]
+    events.append(final_params(41.0, 1, [(0, latest[0] - 1, 0.1), (1, latest[1], 0.1)]))
+    verdict = check_converged(view(events), max_behind=10.0)
+    assert verdict.status == PASS, verdict.evidence
+    row = next(r for r in verdict.evidence["learners"] if r["learner"] == 1 and r["fragment"] == 0)
+    assert row["behind_seconds"] == pytest.approx(1.0)
+
+
+def test_converged_is_unknown_when_a_learner_did_not_stop_cleanly():
+    """A learner with no `final_params` cannot be judged: unknown (unless another learner already fails)."""
+    events = [e for e in _converged_run() if not (e["kind"] == "final_params" and e["learner"] == 2)]
+    verdict = check_converged(view(events))
+    assert verdict.status == UNKNOWN
+    assert {"learner": 2, "status": "no clean stop"} in verdict.evidence["learners"]
+    events = [e for e in _converged_run(drift={1: 0.9}) if not (e["kind"] == "final_params" and e["learner"] == 2)]
+    assert check_converged(view(events)).status == FAIL
+
+
+def test_converged_fails_on_a_nan_float_drift():
+    """An in-memory NaN drift is not <= tolerance: fail."""
+    assert check_converged(view(_converged_run(drift={1: math.nan}))).status == FAIL
+
+
+def test_converged_fails_on_a_nan_drift_as_written_to_the_event_log():
+    """A learner whose parameters went NaN reports drift "nan" in its JSONL: the check must fail, not crash."""
+    events = json.loads(json.dumps(_converged_run(drift={1: "nan"})))
+    assert check_converged(view(events)).status == FAIL
+
+
+# --------------------------------------------------------------------------- final_loss
+
+
+def test_final_loss_is_unknown_without_an_evaluation():
+    assert check_final_loss(view(training(10.0))).status == UNKNOWN
+
+
+def test_final_loss_default_rule_is_unigram_entropy_minus_0_3():
+    """Limit = unigram entropy - 0.3: 3.6 <= 3.7 passes, 3.8 fails; the last `eval` event counts."""
+    passing = check_final_loss(view([evaluation(1.0, 3.9), evaluation(2.0, 3.6)]))
+    assert passing.status == PASS
+    assert passing.evidence["limit"] == pytest.approx(3.7)
+    assert passing.evidence["loss_floor"] == 2.0
+    failing = check_final_loss(view([evaluation(1.0, 3.6), evaluation(2.0, 3.8)]))
+    assert failing.status == FAIL
+    assert failing.evidence["final_loss"] == 3.8
+    assert "unigram entropy" in failing.detail
+
+
+def test_final_loss_threshold_and_reference():
+    """An explicit threshold replaces the default; a reference run (plus margin) takes precedence over both."""
+    v = view([evaluation(1.0, 3.0)])
+    assert check_final_loss(v, threshold=3.0).status == PASS  # equal to the limit passes
+    assert check_final_loss(v, threshold=2.9).status == FAIL
+    assert check_final_loss(v, threshold=2.0, reference=2.95, margin=0.1).status == PASS
+    verdict = check_final_loss(v, threshold=5.0, reference=2.5, margin=0.1)
+    assert verdict.status == FAIL
+    assert verdict.evidence["limit"] == pytest.approx(2.6)
+    assert "reference" in verdict.evidence["rule"]
+
+
+def test_final_loss_fails_on_a_nan_loss():
+    """A NaN loss (written as the string "nan") is never below the limit."""
+    verdict = check_final_loss(view([evaluation(1.0, "nan")]))
+    assert verdict.status == FAIL
+    assert "nan" in verdict.detail
+
+
+# --------------------------------------------------------------------------- run_checkers / verdict_document
+
+
+def healthy_chaos_run() -> RunView:
+    """80 s, 3 learners, learner-1 killed 20..30 s and back at 32 s, everything cleanly stopped and evaluated."""
+    events = training(80.0, absent={1: [(20.0, 32.0)]})
+    events.append(final_state(81.0, ledger(events)))
+    latest = latest_versions(events, 81.0)
+    events += [final_params(81.0, i, [(f, v, 0.02) for f, v in sorted(latest.items())]) for i in (1, 2, 3)]
+    events.append(evaluation(90.0, 3.2))
+    return view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0))
+
+
+def test_run_checkers_runs_every_checker_in_order_and_all_pass_on_a_healthy_run():
+    """One verdict per registered checker, named like its key; a healthy faulted run passes them all."""
+    verdicts = run_checkers(healthy_chaos_run())
+    assert [v.name for v in verdicts] == list(CHECKERS)
+    assert {v.name: v.status for v in verdicts} == {name: PASS for name in CHECKERS}
+
+
+def test_run_checkers_passes_options_to_the_named_checker():
+    """Options are keyed by checker name; an impossible max_gap makes progress fail; a bad option raises."""
+    run = healthy_chaos_run()
+    verdicts = {v.name: v for v in run_checkers(run, {"progress": {"max_gap": 0.1},
+                                                      "final_loss": {"threshold": 1.0}})}
+    assert verdicts["progress"].status == FAIL
+    assert verdicts["final_loss"].status == FAIL
+    assert verdicts["self_heal"].status == PASS
+    with pytest.raises(TypeError):
+        run_checkers(run, {"finite": {"no_such_option": 1}})
+
+
+def test_verdict_document_passes_with_unknowns_but_not_with_a_failure():
+    """Unknown is listed but does not fail the run; any failure does. The document is plain JSON."""
+    verdicts = [Verdict("a", PASS, "ok"), Verdict("b", UNKNOWN, "?", {"x": 1})]
+    document = verdict_document(verdicts)
+    assert document == {"passed": True, "failed": [], "unknown": ["b"],
+                        "checks": [{"name": "a", "status": "pass", "detail": "ok", "evidence": {}},
+                                   {"name": "b", "status": "unknown", "detail": "?", "evidence": {"x": 1}}]}
+    document = verdict_document(verdicts + [Verdict("c", FAIL, "bad")])
+    assert document["passed"] is False
+    assert document["failed"] == ["c"]
+    assert verdict_document([])["passed"] is True
+
+
+def test_verdict_document_of_a_real_run_serialises_to_json():
+    """Every checker's evidence survives json.dumps, as runner.evaluate_run writes verdict.json."""
+    document = verdict_document(run_checkers(healthy_chaos_run()))
+    assert json.loads(json.dumps(document))["passed"] is True
