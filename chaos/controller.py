@@ -103,6 +103,10 @@ class Controller:
             for proxy in self._links(fault):
                 self.cluster.toxiproxy.disable(proxy)
             return f"disabled proxies {', '.join(self._links(fault))}"
+        if isinstance(fault, Partition) and fault.mode == "network":
+            for target in fault.targets:
+                self.cluster.disconnect(target)
+            return f"disconnected {', '.join(fault.targets)} from their networks"
         if isinstance(fault, (Partition, LinkFault)):
             added = []
             for proxy in self._links(fault):
@@ -125,6 +129,10 @@ class Controller:
             for proxy in self._links(fault):
                 self.cluster.toxiproxy.enable(proxy)
             return f"enabled proxies {', '.join(self._links(fault))}"
+        if isinstance(fault, Partition) and fault.mode == "network":
+            for target in fault.targets:
+                self.cluster.connect(target)
+            return f"reconnected {', '.join(fault.targets)} with their aliases"
         if isinstance(fault, (Partition, LinkFault)):
             removed = []
             for proxy in self._links(fault):

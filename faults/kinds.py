@@ -25,7 +25,8 @@ from typing import Any, ClassVar, Literal, Mapping, NamedTuple, Union
 SYNCER = "syncer"
 DIRECTIONS: tuple[str, ...] = ("both", "upstream", "downstream")
 STREAMS: tuple[str, ...] = ("upstream", "downstream")
-PARTITION_MODES: tuple[str, ...] = ("blackhole", "refuse")
+PARTITION_MODES: tuple[str, ...] = ("blackhole", "refuse", "network")
+WHOLE_LINK_MODES: tuple[str, ...] = ("refuse", "network")  # no per-direction cut
 
 Direction = Literal["both", "upstream", "downstream"]
 Stream = Literal["upstream", "downstream"]
@@ -434,8 +435,10 @@ class Partition(BaseFault):
     """Cut the links of ``targets`` (learner names) off from the syncer.
 
     ``blackhole`` adds a Toxiproxy ``timeout`` toxic with timeout 0 (data vanishes,
-    connections hang); ``refuse`` disables the proxy (connections are refused), which
-    can only be done to both directions at once.
+    connections hang); ``refuse`` disables the proxy (connections are refused);
+    ``network`` disconnects the learner's container from its Docker networks (compose
+    backend only; its aliases come back on heal). ``refuse`` and ``network`` cut both
+    directions at once.
     """
 
     kind: ClassVar[str] = "partition"
@@ -452,8 +455,9 @@ class Partition(BaseFault):
     @classmethod
     def _cross_problems(cls, values: Mapping[str, object]) -> list[tuple[str, str]]:
         direction = values.get("direction", "both")
-        if values.get("mode", "blackhole") == "refuse" and direction != "both":
-            return [("direction", f"mode 'refuse' disables the whole proxy, so direction must be 'both', got {direction!r}")]
+        mode = values.get("mode", "blackhole")
+        if mode in WHOLE_LINK_MODES and direction != "both":
+            return [("direction", f"mode {mode!r} cuts the whole link, so direction must be 'both', got {direction!r}")]
         return []
 
     @property
@@ -461,8 +465,8 @@ class Partition(BaseFault):
         return STREAMS if self.direction == "both" else (self.direction,)
 
     def toxics(self) -> list[dict[str, Any]]:
-        """Toxic specs to add to EACH target's link; empty for ``refuse`` (disable the proxy instead)."""
-        if self.mode == "refuse":
+        """Toxic specs to add to EACH target's link; empty for ``refuse`` and ``network``, which add no toxic."""
+        if self.mode in WHOLE_LINK_MODES:
             return []
         return [
             {"name": f"partition_{s}", "type": "timeout", "stream": s, "toxicity": 1.0, "attributes": {"timeout": 0}}

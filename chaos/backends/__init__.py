@@ -1,6 +1,6 @@
 """Cluster backends behind one interface (see base.Cluster)."""
-from .base import Cluster, UnknownTarget
+from .base import Cluster, UnknownTarget, UnsupportedFault
 
 BACKENDS = ("local", "compose")
 
-__all__ = ["BACKENDS", "Cluster", "UnknownTarget"]
+__all__ = ["BACKENDS", "Cluster", "UnknownTarget", "UnsupportedFault"]

@@ -15,6 +15,10 @@ class UnknownTarget(ValueError):
     pass
 
 
+class UnsupportedFault(ValueError):
+    """A fault this backend cannot apply (e.g. a network partition on local processes)."""
+
+
 class Cluster(ABC):
     run_dir: Path
     learners: int
@@ -67,6 +71,24 @@ class Cluster(ABC):
 
     def link_proxies(self) -> list[str]:
         return [self.link_proxy(s) for s in self.services() if s != "syncer"]
+
+    # ----------------------------------------------------------- networks
+    supports_network_partitions = False
+
+    def disconnect(self, target: str) -> None:
+        """Cut `target`'s container off its networks (partition mode 'network')."""
+        raise UnsupportedFault(f"{type(self).__name__} cannot disconnect {target!r} from a network: "
+                               "partition mode 'network' needs the compose backend")
+
+    def connect(self, target: str) -> None:
+        raise UnsupportedFault(f"{type(self).__name__} cannot connect {target!r} to a network")
+
+    def unsupported(self, schedule) -> list[str]:
+        """One message per fault of `schedule` this backend cannot apply, naming the field."""
+        if self.supports_network_partitions:
+            return []
+        return [f"faults[{i}].mode: 'network' partitions need the compose backend"
+                for i, f in enumerate(schedule.faults) if getattr(f, "mode", None) == "network"]
 
     # ----------------------------------------------------------- healing
     def heal_all(self) -> list[str]:

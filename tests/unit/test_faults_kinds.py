@@ -199,10 +199,10 @@ def test_valid_faults_have_no_problems() -> None:
             ("targets[3]", "no such target 'learner-9' (learners: 1..3)"),
         ]),
         (Partition(0, 1, ("learner-1",), mode="drop"), [
-            ("mode", "unknown mode 'drop' (expected blackhole or refuse)"),
+            ("mode", "unknown mode 'drop' (expected blackhole, refuse or network)"),
         ]),
         (Partition(0, 1, ("learner-1",), direction="downstream", mode="refuse"), [
-            ("direction", "mode 'refuse' disables the whole proxy, so direction must be 'both', got 'downstream'"),
+            ("direction", "mode 'refuse' cuts the whole link, so direction must be 'both', got 'downstream'"),
         ]),
     ],
 )  # fmt: skip
@@ -272,3 +272,4 @@ def test_partition_toxics() -> None:
     ]  # fmt: skip
     assert [t["stream"] for t in Partition(0, 1, ("learner-1",), direction="upstream").toxics()] == ["upstream"]
     assert Partition(0, 1, ("learner-1",), mode="refuse").toxics() == []  # the proxy is disabled instead
+    assert Partition(0, 1, ("learner-1",), mode="network").toxics() == []  # the container is disconnected instead

@@ -182,9 +182,11 @@ def test_yaml_merge_keys_are_not_duplicates() -> None:
         ("{kind: partition, at: 1, duration: 1, targets: [learner-1, learner-7]}",
          "faults[0].targets[1]: no such target 'learner-7' (learners: 1..3)"),
         ("{kind: partition, at: 1, duration: 1, targets: [learner-1], mode: drop}",
-         "faults[0].mode: unknown mode 'drop' (expected blackhole or refuse)"),
+         "faults[0].mode: unknown mode 'drop' (expected blackhole, refuse or network)"),
         ("{kind: partition, at: 1, duration: 1, targets: [learner-1], mode: refuse, direction: upstream}",
-         "faults[0].direction: mode 'refuse' disables the whole proxy, so direction must be 'both', got 'upstream'"),
+         "faults[0].direction: mode 'refuse' cuts the whole link, so direction must be 'both', got 'upstream'"),
+        ("{kind: partition, at: 1, duration: 1, targets: [learner-1], mode: network, direction: downstream}",
+         "faults[0].direction: mode 'network' cuts the whole link, so direction must be 'both', got 'downstream'"),
     ],
 )  # fmt: skip
 def test_each_bad_entry_gets_its_precise_error(entry: str, error: str) -> None:
@@ -254,7 +256,7 @@ def test_bad_example_file_reports_everything() -> None:
         "faults[2].duration: missing required field",
         "faults[3].duration: must be > 0",
         "faults[4].latency_ms: expected a number, got 'fast'",
-        "faults[5].direction: mode 'refuse' disables the whole proxy, so direction must be 'both', got 'upstream'",
+        "faults[5].direction: mode 'refuse' cuts the whole link, so direction must be 'both', got 'upstream'",
         "faults[7]: overlaps faults[6] on learner-1 (10-15 s and 12-14 s); a process can have only one fault at a time",
     ]
     assert err.value.source == str(path)
