@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +50,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     try:
         result = run_schedule(schedule, out, backend=args.backend, learners=args.learners, duration=args.duration,
                               mode=args.mode, data=args.data, trainer_args=args.trainer_args)
+    except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
+        print(f"run: error: {exc}", file=sys.stderr)
+        return 2
     except (RuntimeError, TimeoutError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
         return 1
@@ -62,6 +66,8 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     try:
         recorded = load_recorded(args.run_dir)
+        if args.backend:
+            recorded = dataclasses.replace(recorded, backend=args.backend)
     except ReplayError as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2
@@ -75,6 +81,9 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
           f"{recorded.mode}{extra}, run dir {out}", flush=True)
     try:
         result = replay(args.run_dir, out, recorded)
+    except ValueError as exc:
+        print(f"replay: error: {exc}", file=sys.stderr)
+        return 2
     except (RuntimeError, TimeoutError) as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 1
@@ -140,6 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "settings and seed")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `chaos run` directory or a pytest chaos-artifacts directory")
     p.add_argument("--out", help="run directory for the replay (default RUN_DIR-replay-<n>, the first free n)")
+    p.add_argument("--backend", choices=("local", "compose"), default=None,
+                   help="replay on this backend instead of the recorded one")
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report")

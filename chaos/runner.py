@@ -44,8 +44,9 @@ def make_cluster(backend: str, run_dir: Path, learners: int, mode: str, data: st
         return LocalCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
                             learner_args=learner_args)
     if backend == "compose":
-        from .backends.compose import ComposeCluster  # type: ignore[import-not-found]
-        return ComposeCluster(run_dir, learners=learners, mode=mode, trainer_args=trainer_args)
+        from .backends.compose import ComposeCluster
+        return ComposeCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
+                              learner_args=learner_args)
     raise ValueError(f"--backend: unknown backend {backend!r} (known: local, compose)")
 
 
@@ -106,6 +107,9 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
         "trainer_args": trainer_args or [], "seed": schedule.seed,
         "duration": duration if duration is not None else default_duration(schedule)}, indent=2))
     cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args)
+    problems = cluster.unsupported(schedule)
+    if problems:
+        raise ValueError(f"backend {backend}: " + "; ".join(problems))
     history = History(run_dir / HISTORY_FILE)
     try:
         cluster.start()

@@ -160,3 +160,50 @@ def test_unknown_targets_are_refused(cluster: FakeCluster) -> None:
         cluster.kill("learner-7")
     with pytest.raises(UnknownTarget, match="no link of its own"):
         cluster.link_proxy("syncer")
+
+
+class NetworkFakeCluster(FakeCluster):
+    """A backend that can cut a container off its networks, like the compose backend."""
+
+    supports_network_partitions = True
+
+    def disconnect(self, target: str) -> None:
+        self.calls.append(("disconnect", self.check_target(target)))
+
+    def connect(self, target: str) -> None:
+        self.calls.append(("connect", self.check_target(target)))
+
+
+def test_network_partitions_disconnect_then_reconnect(srv, tmp_path: Path) -> None:
+    cluster = NetworkFakeCluster(ToxiproxyClient(srv.url))
+    schedule = Schedule(seed=1, faults=(
+        Partition(at=0.05, duration=0.1, targets=("learner-1", "learner-3"), mode="network"),)).validate(3)
+    Controller(cluster, schedule, History(tmp_path / "history.jsonl")).run(duration=0.3)
+    assert [c for c in cluster.calls if c[0] in ("disconnect", "connect")] == [
+        ("disconnect", "learner-1"), ("disconnect", "learner-3"), ("connect", "learner-1"), ("connect", "learner-3")]
+    entries = [e for e in read_history(tmp_path / "history.jsonl") if e["event"] in ("start", "stop")]
+    assert all(e["ok"] for e in entries) and entries[0]["did"].startswith("disconnected learner-1, learner-3")
+    assert all(cluster.toxiproxy.toxics(p) == [] for p in cluster.link_proxies()), "no toxic for a network cut"
+
+
+def test_a_backend_names_the_faults_it_cannot_apply(cluster: FakeCluster) -> None:
+    schedule = Schedule(seed=1, faults=(
+        Kill(at=0, duration=1, target="learner-2"),
+        Partition(at=1, duration=1, targets=("learner-1",), mode="network"),)).validate(3)
+    assert cluster.unsupported(schedule) == ["faults[1].mode: 'network' partitions need the compose backend"]
+    with pytest.raises(ValueError, match="needs the compose backend"):
+        cluster.disconnect("learner-1")
+
+
+def test_chaos_run_refuses_a_network_partition_on_the_local_backend(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "net.yaml"
+    Schedule(seed=1, faults=(Partition(at=1, duration=1, targets=("learner-2",), mode="network"),)).dump(path)
+    done = subprocess.run([sys.executable, "-m", "chaos", "run", str(path), "--backend", "local",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ISLANDS_HOME": str(tmp_path / "home")})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "faults[0].mode: 'network' partitions need the compose backend" in done.stderr
+    assert not (tmp_path / "run" / "events").exists(), "nothing may start"
