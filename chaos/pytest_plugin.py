@@ -532,8 +532,13 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
 # --------------------------------------------------------------------------- hooks
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_compose = config.getoption("chaos_backend") == "compose"
+    skip_compose = pytest.mark.skip(reason="needs the compose backend: --chaos-backend compose and a Docker "
+                                           "engine (README, 'Docker')")
     for item in items:
+        if item.get_closest_marker("compose") is not None and not on_compose:
+            item.add_marker(skip_compose)
         if item.get_closest_marker("chaos") is not None:
             names = getattr(item, "fixturenames", None)
             if names is not None and "chaos_result" not in names:

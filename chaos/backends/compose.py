@@ -1,0 +1,374 @@
+"""The compose backend: the same cluster as containers, driven through the Docker SDK.
+
+compose.yaml defines the services (syncer, learner-1…3, toxiproxy). This backend brings
+them up with the compose CLI, then finds their containers by compose labels (project and
+service) and applies process faults through the Docker SDK: SIGKILL, pause (cgroup
+freezer), start again, and network disconnect/connect that keeps the service's aliases.
+Link faults go through Toxiproxy's API, published on 127.0.0.1. Events reach the host
+through a bind mount of the run directory, so checkers read them exactly as for the
+local backend; the syncer's state volume is copied out when the cluster stops.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import secrets
+import shlex
+import shutil
+import socket
+import tarfile
+import time
+from pathlib import Path
+
+import yaml
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from ..client import NotFound, ToxiproxyClient, Unreachable
+from .base import Cluster, UnknownTarget
+from .compose_cli import ComposeError, ComposeProject, find_compose_file
+
+PROJECT_ENV = "ISLANDS_COMPOSE_PROJECT"
+IMAGE_ENV = "ISLANDS_IMAGE"
+TOXIPROXY_IMAGE_ENV = "TOXIPROXY_IMAGE"
+TOXIPROXY_SERVER_ENV = "ISLANDS_TOXIPROXY"   # auto | shopify | islands
+DEFAULT_IMAGE = "islands:latest"
+DEFAULT_TOXIPROXY_IMAGE = "ghcr.io/shopify/toxiproxy:2.12.0"
+OVERRIDE_FILE = "compose.islands-toxiproxy.yaml"
+PROXY_BASE_PORT = 21000
+SYNCER_UPSTREAM = "syncer:7000"
+CONTROL_NETWORK = "control"
+DOCKER_TIMEOUT = 30
+START_TIMEOUT = 180.0
+STOP_TIMEOUT = 10
+PARTITIONS_FILE = "compose-partitions.json"
+PROJECT_LABEL = "com.docker.compose.project"
+SERVICE_LABEL = "com.docker.compose.service"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _engine_hiccup(exc: BaseException) -> bool:
+    """A 5xx from the engine, e.g. runc's "unable to freeze" when a busy cgroup does not
+    settle in time (about 1 pause in 20 under load here). A 4xx (409: not running) is final."""
+    import docker.errors
+    return isinstance(exc, docker.errors.APIError) and exc.status_code is not None and exc.status_code >= 500
+
+
+# Every fault action on a container: a few quick tries, with jitter, then the error stands.
+engine_retry = retry(retry=retry_if_exception(_engine_hiccup), stop=stop_after_attempt(5),
+                     wait=wait_random_exponential(multiplier=0.05, max=0.5), reraise=True)
+
+
+def _image_present(client, image: str) -> bool:
+    import docker.errors
+    try:
+        client.images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+class ComposeCluster(Cluster):
+    def __init__(self, run_dir: str | os.PathLike, learners: int = 3, mode: str = "decoupled",
+                 data: str = "markov", trainer_args: list[str] | None = None,
+                 learner_args: dict[int, list[str]] | None = None, project: str | None = None,
+                 compose_file: str | os.PathLike | None = None) -> None:
+        if learners < 1:
+            raise ValueError(f"learners: must be >= 1, got {learners}")
+        self.run_dir = Path(run_dir).resolve()
+        self.learners = learners
+        self.mode = mode
+        self.data = data
+        self.trainer_args = list(trainer_args or [])
+        self.learner_args = learner_args or {}
+        self.project_name = project or os.environ.get(PROJECT_ENV, "islands")
+        self.compose_file = Path(compose_file) if compose_file else find_compose_file()
+        self.image = os.environ.get(IMAGE_ENV, DEFAULT_IMAGE)
+        self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
+        self.leftovers: list[str] = []
+        self._docker = None
+        self._partitioned: dict[str, dict[str, list[str]]] = {}
+        self.compose: ComposeProject | None = None
+
+    # ----------------------------------------------------------- docker plumbing
+    @property
+    def docker(self):
+        if self._docker is None:
+            import docker
+            try:
+                self._docker = docker.from_env(timeout=DOCKER_TIMEOUT)
+                self._docker.ping()
+            except docker.errors.DockerException as exc:
+                raise ComposeError(f"cannot reach the Docker engine ({exc}); is dockerd running?") from exc
+        return self._docker
+
+    def _containers(self, service: str | None = None, all: bool = True) -> list:
+        labels = [f"{PROJECT_LABEL}={self.project_name}"]
+        if service is not None:
+            labels.append(f"{SERVICE_LABEL}={service}")
+        return self.docker.containers.list(all=all, filters={"label": labels})
+
+    def _container(self, target: str):
+        found = self._containers(self.check_target(target))
+        return found[0] if found else None
+
+    def _status(self, target: str) -> str:
+        c = self._container(target)
+        if c is None:
+            return "absent"
+        c.reload()
+        return c.status
+
+    # ----------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not _image_present(self.docker, self.image):
+            raise ComposeError(f"image {self.image} not found: build it with docker/build-image.sh "
+                               f"(or name another in ${IMAGE_ENV})")
+        self.compose = ComposeProject(self._compose_files(), self.project_name, self._compose_env())
+        self.leftovers = self._clean_leftovers()
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self.compose.run("up", "-d", "--no-build", "syncer", "toxiproxy", timeout=START_TIMEOUT)
+        self.toxiproxy = ToxiproxyClient(f"http://127.0.0.1:{self.toxiproxy_port}")
+        self._wait_for_toxiproxy()
+        for i in range(1, self.learners + 1):
+            self._ensure_proxy(f"learner-{i}")
+        (self.run_dir / "toxiproxy.json").write_text(json.dumps({
+            "url": self.toxiproxy.url, "server": self.toxiproxy_server, "project": self.project_name}))
+        self.compose.run("up", "-d", "--no-build", *(f"learner-{i}" for i in range(1, self.learners + 1)),
+                         timeout=START_TIMEOUT)
+
+    def _compose_files(self) -> list[Path]:
+        files = [self.compose_file]
+        choice = os.environ.get(TOXIPROXY_SERVER_ENV, "auto")
+        if choice not in ("auto", "shopify", "islands"):
+            raise ValueError(f"${TOXIPROXY_SERVER_ENV}: must be auto, shopify or islands, got {choice!r}")
+        toxiproxy_image = os.environ.get(TOXIPROXY_IMAGE_ENV, DEFAULT_TOXIPROXY_IMAGE)
+        use_ours = choice == "islands" or (choice == "auto" and not _image_present(self.docker, toxiproxy_image))
+        self.toxiproxy_server = "islands" if use_ours else toxiproxy_image
+        if use_ours:
+            files.append(self.compose_file.parent / OVERRIDE_FILE)
+        extra = self._learner_overrides()
+        if extra:
+            path = self.run_dir / "compose.learners.yaml"
+            path.write_text(yaml.safe_dump(extra, sort_keys=False))
+            files.append(path)
+        return files
+
+    def _defined_learners(self) -> dict[int, dict]:
+        services = yaml.safe_load(self.compose_file.read_text()).get("services", {})
+        return {int(name.split("-", 1)[1]): svc for name, svc in services.items()
+                if name.startswith("learner-") and name.split("-", 1)[1].isdigit()}
+
+    def _learner_overrides(self) -> dict:
+        """Services for learners beyond those compose.yaml defines, and per-learner flags."""
+        defined = self._defined_learners()
+        if not defined:
+            raise ComposeError(f"{self.compose_file} defines no learner-N service")
+        template = defined[min(defined)]
+        services: dict[str, dict] = {}
+        for i in range(1, self.learners + 1):
+            extra = [str(a) for a in self.learner_args.get(i, [])]
+            if i in defined and not extra:
+                continue
+            base = defined.get(i) or template
+            command = [str(a) for a in base["command"]]
+            command[command.index("--learner") + 1] = str(i)
+            command[command.index("--connect") + 1] = f"toxiproxy:{PROXY_BASE_PORT + i}"
+            services[f"learner-{i}"] = {**base, "command": command + extra} if i not in defined else \
+                {"command": command + extra}
+        return {"services": services} if services else {}
+
+    def _compose_env(self) -> dict[str, str]:
+        secret_file = self.run_dir / "secret"
+        if not secret_file.exists():
+            secret_file.write_text(secrets.token_hex(32))
+            secret_file.chmod(0o600)
+        self.toxiproxy_port = _free_port()
+        syncer_args = ["--mode", self.mode, *self.trainer_args]
+        learner_args = ["--mode", self.mode, "--data", self._container_data()]
+        for args in (syncer_args, learner_args):
+            if any(not a or any(ch.isspace() for ch in a) for a in args):
+                raise ValueError(f"trainer_args: the compose backend passes flags split on spaces; "
+                                 f"{shlex.join(args)} holds an empty or spaced value")
+        return {"ISLANDS_SECRET": secret_file.read_text().strip(), "ISLANDS_RUN_DIR": str(self.run_dir),
+                "ISLANDS_LEARNERS": str(self.learners), "ISLANDS_SYNCER_ARGS": " ".join(syncer_args),
+                "ISLANDS_LEARNER_ARGS": " ".join(learner_args), "TOXIPROXY_PORT": str(self.toxiproxy_port),
+                "ISLANDS_IMAGE": self.image}
+
+    def _container_data(self) -> str:
+        """A data file on the host is copied into the run dir, which the learners mount."""
+        path = Path(self.data)
+        if not path.exists():
+            return self.data  # e.g. "markov" or "markov:seed=3"
+        dest = self.run_dir / "data" / path.name
+        if not dest.exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            (shutil.copytree if path.is_dir() else shutil.copy2)(path, dest)
+        return f"/islands/run/data/{path.name}"
+
+    def _clean_leftovers(self) -> list[str]:
+        """Heal and remove whatever a crashed earlier run of this project left behind."""
+        found = self._containers()
+        names = []
+        for c in found:
+            names.append(c.name)
+            if c.status == "paused":
+                c.unpause()
+        self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120)
+        return names
+
+    def _wait_for_toxiproxy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            try:
+                self.toxiproxy.version()
+                return
+            except Unreachable as exc:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"Toxiproxy API at {self.toxiproxy.url} did not answer within "
+                                       f"{START_TIMEOUT:.0f}s: {exc}") from exc
+            time.sleep(0.2)
+
+    def _ensure_proxy(self, name: str) -> None:
+        """The config file creates learner-1…3; a larger cluster adds its proxies here."""
+        try:
+            self.toxiproxy.proxy(name)
+        except NotFound:
+            number = int(name.split("-", 1)[1])
+            self.toxiproxy.create_proxy(name, f"0.0.0.0:{PROXY_BASE_PORT + number}", SYNCER_UPSTREAM)
+
+    def stop(self) -> None:
+        """Heal, SIGTERM learners (they push what is left), then the syncer; keep logs and state; remove."""
+        if self.compose is None:
+            return
+        try:
+            if self.toxiproxy is not None:
+                for proxy in self.link_proxies():
+                    try:
+                        self.toxiproxy.clear(proxy)
+                    except Exception:  # noqa: BLE001 - stopping goes on whatever the proxy says
+                        pass
+            self._reconnect_all()
+            for c in self._containers():
+                if c.status == "paused":
+                    c.unpause()
+            learners = [f"learner-{i}" for i in range(1, self.learners + 1)]
+            self.compose.run("stop", "-t", str(STOP_TIMEOUT), *learners, timeout=120, check=False)
+            self.compose.run("stop", "-t", str(STOP_TIMEOUT), "syncer", "toxiproxy", timeout=120, check=False)
+            self._save_logs()
+            self._export_state()
+        finally:
+            if os.environ.get("ISLANDS_COMPOSE_KEEP") != "1":
+                self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120, check=False)
+
+    def _save_logs(self) -> None:
+        for c in self._containers():
+            service = c.labels.get(SERVICE_LABEL, c.name)
+            try:
+                (self.run_dir / "logs" / f"{service}.log").write_bytes(c.logs(timestamps=False))
+            except Exception:  # noqa: BLE001 - logs are a convenience
+                pass
+
+    def _export_state(self) -> None:
+        """Copy the syncer's state volume to RUN_DIR/state, where `trainer eval` reads it."""
+        syncer = self._container("syncer")
+        if syncer is None:
+            return
+        import docker.errors
+        try:
+            stream, _ = syncer.get_archive("/islands/state")
+        except docker.errors.NotFound:
+            return
+        dest = self.run_dir / "state"
+        shutil.rmtree(dest, ignore_errors=True)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            tar.extractall(self.run_dir, filter="data")  # the archive's root folder is `state/`
+
+    # ----------------------------------------------------------- processes
+    @engine_retry
+    def kill(self, target: str) -> None:
+        c = self._container(target)
+        if c is not None and self._status(target) in ("running", "paused"):
+            c.kill()
+
+    @engine_retry
+    def pause(self, target: str) -> None:
+        c = self._container(target)
+        if c is not None and self._status(target) == "running":
+            c.pause()
+
+    @engine_retry
+    def resume(self, target: str) -> None:
+        c = self._container(target)
+        if c is not None and self._status(target) == "paused":
+            c.unpause()
+
+    @engine_retry
+    def restart(self, target: str) -> None:
+        c = self._container(target)
+        if c is None:
+            raise UnknownTarget(f"{target}: no container in compose project {self.project_name!r}")
+        if self._status(target) not in ("running", "paused"):
+            c.start()
+
+    def is_running(self, target: str) -> bool:
+        return self._status(target) in ("running", "paused")
+
+    def is_paused(self, target: str) -> bool:
+        return self._status(target) == "paused"
+
+    # ----------------------------------------------------------- networks
+    supports_network_partitions = True
+
+    def disconnect(self, target: str) -> None:
+        """Cut `target` off its project networks (not the control network); aliases are kept for connect()."""
+        c = self._container(target)
+        if c is None or target in self._partitioned:
+            return
+        c.reload()
+        saved: dict[str, list[str]] = {}
+        for net_name, settings in c.attrs["NetworkSettings"]["Networks"].items():
+            if net_name.endswith(f"_{CONTROL_NETWORK}"):
+                continue
+            short_id = c.id[:12]
+            saved[net_name] = [a for a in (settings.get("Aliases") or []) if a != short_id] or [target]
+        self._partitioned[target] = saved
+        self._write_partitions()
+        for net_name in saved:
+            self.docker.networks.get(net_name).disconnect(c, force=True)
+
+    def connect(self, target: str) -> None:
+        saved = self._partitioned.get(target)
+        c = self._container(target)
+        if saved is None or c is None:
+            return
+        c.reload()
+        attached = set(c.attrs["NetworkSettings"]["Networks"])
+        for net_name, aliases in saved.items():
+            if net_name not in attached:
+                self.docker.networks.get(net_name).connect(c, aliases=aliases)
+        del self._partitioned[target]
+        self._write_partitions()
+
+    def _write_partitions(self) -> None:
+        (self.run_dir / PARTITIONS_FILE).write_text(json.dumps(self._partitioned))
+
+    def _reconnect_all(self) -> list[str]:
+        done = []
+        for target in list(self._partitioned):
+            self.connect(target)
+            done.append(f"reconnected {target}")
+        return done
+
+    def heal_all(self) -> list[str]:
+        return self._reconnect_all() + super().heal_all()
+
+    def container_name(self, target: str) -> str | None:
+        c = self._container(target)
+        return c.name if c is not None else None

@@ -1,0 +1,128 @@
+"""The same cluster as containers: faults through the Docker SDK and Toxiproxy, checks
+from the bind-mounted event logs. Needs a Docker engine and the islands image."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from chaos.backends.compose import ComposeCluster
+from chaos.controller import read_history
+from chaos.runner import wait_until_training
+from trainer.events import read_events
+
+from .conftest import FAST_TRAINER_ARGS
+
+pytestmark = [pytest.mark.compose, pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+ACCEPTANCE = ROOT / "examples" / "schedules" / "compose-acceptance.yaml"
+
+
+def wait_for(run_dir: Path, what: str, predicate, timeout: float) -> list[dict]:
+    """Poll the run's events until `predicate` holds; fail naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        events = read_events(run_dir)
+        if predicate(events):
+            return events
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.25)
+
+
+def contributed_after(learner: int, t: float):
+    def predicate(events: list[dict]) -> bool:
+        return any(e["kind"] == "merge" and e["t"] > t and any(c["learner"] == learner for c in e["contributors"])
+                   for e in events)
+    return predicate
+
+
+def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
+    """Kill and restart a learner, pause another, partition a link, kill and restart the
+    syncer, disconnect a learner's network: every check passes, and the history shows each
+    fault applied. Run as a user (or a replay command) would: `python -m chaos run`."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "chaos", "run", str(ACCEPTANCE), "--backend", "compose", "--learners", "3",
+           "--out", str(out), "--", *FAST_TRAINER_ARGS]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    verdict = json.loads((out / "verdict.json").read_text())
+    assert verdict["passed"] and not verdict["unknown"], json.dumps(verdict["checks"], indent=1)
+
+    history = read_history(out / "history.jsonl")
+    actions = {(h["index"], h["event"]): h for h in history if h.get("event") in ("start", "stop")}
+    assert len(actions) == 10 and all(h["ok"] for h in actions.values()), actions
+    assert actions[(0, "start")]["did"] == "SIGKILL learner-1" and actions[(0, "stop")]["did"] == "restarted learner-1"
+    assert actions[(1, "start")]["did"] == "SIGSTOP learner-2"
+    assert actions[(2, "start")]["did"].startswith("added toxics learner-3/partition_")
+    assert actions[(3, "start")]["did"] == "SIGKILL syncer" and actions[(3, "stop")]["did"] == "restarted syncer"
+    assert actions[(4, "start")]["did"].startswith("disconnected learner-1")
+
+    events = read_events(out)
+    joins = {(e["learner"], e["incarnation"]) for e in events if e["kind"] == "join"}
+    assert (1, 2) in joins, "the killed learner-1 container did not rejoin as incarnation 2"
+    assert any(e["kind"] == "state_loaded" for e in events), "the restarted syncer did not load its state volume"
+    assert (out / "state" / "meta.json").is_file(), "the syncer's state volume was not copied out"
+    assert json.loads((out / "toxiproxy.json").read_text())["url"].startswith("http://127.0.0.1:")
+
+
+def test_network_partition_keeps_the_aliases_and_the_learner_rejoins(cluster: ComposeCluster) -> None:
+    run_dir = cluster.run_dir
+    cluster.disconnect("learner-2")
+    container = cluster.docker.containers.get(cluster.container_name("learner-2"))
+    networks = container.attrs["NetworkSettings"]["Networks"]
+    assert not any(n.endswith("_links") for n in networks), f"learner-2 still on {sorted(networks)}"
+    cut = time.monotonic()
+    wait_for(run_dir, "the syncer to lose learner-2's lease",
+             lambda ev: any(e["kind"] in ("heartbeat_lost", "leave") and e.get("learner") == 2 and e["t"] > cut
+                            for e in ev), timeout=30)
+
+    cluster.connect("learner-2")
+    container.reload()
+    links = [v for n, v in container.attrs["NetworkSettings"]["Networks"].items() if n.endswith("_links")]
+    assert links and "learner-2" in links[0]["Aliases"], f"aliases not restored: {links}"
+    healed = time.monotonic()
+    wait_for(run_dir, "learner-2 to contribute a merged update after reconnecting", contributed_after(2, healed),
+             timeout=60)
+    assert cluster.heal_all() == [], "nothing should be left to heal"
+
+
+def test_pause_and_kill_are_real_container_states(cluster: ComposeCluster) -> None:
+    cluster.pause("learner-3")
+    assert cluster.is_paused("learner-3") and cluster.is_running("learner-3")
+    cluster.resume("learner-3")
+    assert not cluster.is_paused("learner-3")
+    cluster.kill("learner-1")
+    assert not cluster.is_running("learner-1")
+    did = cluster.heal_all()
+    assert did == ["restarted learner-1"], did
+    restarted = time.monotonic()
+    wait_for(cluster.run_dir, "the restarted learner-1 to contribute", contributed_after(1, restarted), timeout=90)
+
+
+def test_a_crashed_run_is_healed_and_cleaned_by_the_next(tmp_path: Path) -> None:
+    """A controller that died mid-fault leaves a paused container, a toxic and a cut network;
+    the next start removes them and trains from scratch."""
+    first = ComposeCluster(tmp_path / "first", learners=2, trainer_args=list(FAST_TRAINER_ARGS))
+    first.start()
+    wait_until_training(first.run_dir, 2)
+    first.pause("learner-1")
+    first.toxiproxy.add_toxic("learner-2", name="latency_downstream", type="latency", attributes={"latency": 500})
+    first.disconnect("learner-2")
+    # ...and the controller is gone: no stop(), no heal.
+
+    second = ComposeCluster(tmp_path / "second", learners=2, trainer_args=list(FAST_TRAINER_ARGS))
+    try:
+        second.start()
+        assert len(second.leftovers) == 4, f"expected the 4 containers of the first run: {second.leftovers}"
+        wait_until_training(second.run_dir, 2)
+        assert not second.is_paused("learner-1")
+        assert second.toxiproxy.proxy("learner-2")["toxics"] == []
+        wait_for(second.run_dir, "both learners to contribute in the fresh cluster",
+                 lambda ev: contributed_after(1, 0)(ev) and contributed_after(2, 0)(ev), timeout=90)
+    finally:
+        second.stop()

@@ -1,0 +1,87 @@
+"""compose.yaml and its Toxiproxy config, read as data: the isolation rules hold without Docker."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
+OVERRIDE = yaml.safe_load((ROOT / "compose.islands-toxiproxy.yaml").read_text())
+PROXIES = json.loads((ROOT / "docker" / "toxiproxy.json").read_text())
+SERVICES = COMPOSE["services"]
+LEARNERS = sorted(name for name in SERVICES if name.startswith("learner-"))
+
+
+def test_at_least_three_learners_a_syncer_and_toxiproxy() -> None:
+    assert {"syncer", "toxiproxy"} <= set(SERVICES) and len(LEARNERS) >= 3
+
+
+def test_no_port_is_published_beyond_loopback() -> None:
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond 127.0.0.1"
+    published = [name for name, s in SERVICES.items() if s.get("ports")]
+    assert published == ["toxiproxy"], "only the Toxiproxy API is published"
+
+
+def test_learners_reach_the_syncer_only_through_their_proxy() -> None:
+    networks = COMPOSE["networks"]
+    assert networks["links"].get("internal") and networks["backplane"].get("internal")
+    assert SERVICES["syncer"]["networks"] == ["backplane"]
+    assert set(SERVICES["toxiproxy"]["networks"]) >= {"links", "backplane"}
+    by_name = {p["name"]: p for p in PROXIES}
+    for name in LEARNERS:
+        service = SERVICES[name]
+        assert service["networks"] == ["links"], f"{name} must sit on the links network only"
+        command = service["command"]
+        host, port = command[command.index("--connect") + 1].split(":")
+        assert host == "toxiproxy"
+        proxy = by_name[name]
+        assert proxy["listen"].endswith(f":{port}") and proxy["upstream"] == "syncer:7000"
+        assert command[command.index("--learner") + 1] == name.split("-")[1]
+
+
+def test_stateful_syncer_healthchecks_and_dependencies() -> None:
+    assert "syncer-state" in COMPOSE["volumes"]
+    assert any(v.startswith("syncer-state:") for v in SERVICES["syncer"]["volumes"])
+    for name in ("syncer", "toxiproxy"):
+        assert SERVICES[name]["healthcheck"]["test"], name
+    for name in LEARNERS:
+        deps = SERVICES[name]["depends_on"]
+        assert deps["syncer"]["condition"] == deps["toxiproxy"]["condition"] == "service_healthy"
+    for name, service in SERVICES.items():
+        assert service.get("init") is True, f"{name}: init: true forwards signals and reaps zombies"
+
+
+def test_the_real_toxiproxy_image_and_our_server_take_the_same_command() -> None:
+    toxiproxy = SERVICES["toxiproxy"]
+    assert toxiproxy["image"] == "${TOXIPROXY_IMAGE:-ghcr.io/shopify/toxiproxy:2.12.0}"
+    assert "-host=0.0.0.0" in toxiproxy["command"]
+    ours = OVERRIDE["services"]["toxiproxy"]
+    assert "command" not in ours, "the override swaps image and entrypoint, never the real command line"
+    assert ours["entrypoint"][-2:] == ["chaos", "toxiproxy"]
+
+
+def _compose_command(version: str) -> list[str]:
+    if version == "v1":
+        if shutil.which("docker-compose") is None:
+            pytest.skip("docker-compose (v1) is not installed")
+        return ["docker-compose"]
+    probe = subprocess.run(["docker", "compose", "version"], capture_output=True, timeout=20) \
+        if shutil.which("docker") else None
+    if probe is None or probe.returncode != 0:
+        pytest.skip("docker compose (v2) is not installed")
+    return ["docker", "compose"]
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.islands-toxiproxy.yaml"]])
+def test_docker_compose_accepts_the_files(version: str, files: list[str]) -> None:
+    argv = [*_compose_command(version), *[a for f in files for a in ("-f", f)], "config", "-q"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
