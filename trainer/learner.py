@@ -30,7 +30,9 @@ from .pushes import OutgoingPush, PushQueue
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer
 
 RECONNECT_BUDGET = 30.0
-DRAIN_TIMEOUT = 5.0
+# A clean stop pushes the residual progress if the syncer answers this soon; one round
+# trip takes ~50 ms, and a container's stop must stay under 2 s.
+DRAIN_TIMEOUT = 1.5
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,10 @@ class Learner:
         self.corpus = corpus
         self.mode = mode
         self.stop = threading.Event()
+        # Set once the loop has queued its last (residual) pushes: only then may the network
+        # thread finish, when the queue is empty. Exiting on `stop` alone raced the residual push.
+        self.closing = threading.Event()
+        self.drain_over = threading.Event()  # the stop gave up waiting for the residual pushes
         self.events = EventLog(opts.run_dir, f"learner-{opts.learner}", learner=opts.learner)
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
         self.inbox = Inbox()
@@ -205,7 +211,10 @@ class Learner:
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
             if steps_since[f]:
                 push(f)
+        self.closing.set()
+        self.queue.notify()
         drained = self.queue.wait_empty(self.opts.drain_timeout)
+        self.drain_over.set()
         self.stop.set()
         worker.join(timeout=self.opts.drain_timeout + 2)
         self._bye()
@@ -253,7 +262,7 @@ class Learner:
     def _network_loop(self) -> None:
         """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""
         next_beat = 0.0
-        while not (self.stop.is_set() and len(self.queue) == 0):
+        while not (self.closing.is_set() and (len(self.queue) == 0 or self.drain_over.is_set())):
             try:
                 if not self.link.connected:
                     welcome = self.link.connect(want_params=False, budget=RECONNECT_BUDGET)

@@ -41,6 +41,12 @@ def test_three_learners_train_below_unigram_entropy(run_dir: Path) -> None:
     assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram {corpus.unigram_entropy:.3f}"
     contributors = {c["learner"] for e in merges(events) for c in e["contributors"]}
     assert contributors == {1, 2, 3}, f"merges had contributions from {contributors} only"
+    # A clean stop pushes the residual progress before leaving (the network thread once quit
+    # as soon as the stop was signalled, racing the loop that queues that last push).
+    stops = {e["learner"]: e for e in events if e["kind"] == "process_stop" and e.get("role") == "learner"}
+    assert sorted(stops) == [1, 2, 3], f"learners that stopped cleanly: {sorted(stops)}"
+    undrained = {i: (e["drained"], e["unsent"]) for i, e in stops.items() if not e["drained"] or e["unsent"]}
+    assert not undrained, f"residual pushes left unsent at stop (drained, unsent): {undrained}"
 
 
 def test_killed_learner_rejoins_and_contributes_again(run_dir: Path) -> None:
