@@ -24,6 +24,10 @@ base_image() {
     if [[ -n ${BASE_IMAGE:-} ]] && docker image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
         echo "$BASE_IMAGE"; return
     fi
+    if [[ -n ${BASE_IMAGE:-} && $BASE_IMAGE != "$DEBOOTSTRAP_IMAGE" ]]; then
+        log "BASE_IMAGE=$BASE_IMAGE is not present locally, and nothing is pulled: docker pull or docker load it first"
+        exit 1
+    fi
     if [[ -z ${BASE_IMAGE:-} ]] && docker image inspect python:3.11-slim >/dev/null 2>&1; then
         echo python:3.11-slim; return
     fi
