@@ -106,7 +106,8 @@ def test_pause_and_kill_are_real_container_states(cluster: ComposeCluster) -> No
 
 def test_a_crashed_run_is_healed_and_cleaned_by_the_next(tmp_path: Path) -> None:
     """A controller that died mid-fault leaves a paused container, a toxic and a cut network;
-    the next start removes them and trains from scratch."""
+    the next start removes them and trains from scratch, here with a learner more than
+    compose.yaml defines (a generated service and a proxy created through the API)."""
     first = ComposeCluster(tmp_path / "first", learners=2, trainer_args=list(FAST_TRAINER_ARGS))
     first.start()
     wait_until_training(first.run_dir, 2)
@@ -115,14 +116,15 @@ def test_a_crashed_run_is_healed_and_cleaned_by_the_next(tmp_path: Path) -> None
     first.disconnect("learner-2")
     # ...and the controller is gone: no stop(), no heal.
 
-    second = ComposeCluster(tmp_path / "second", learners=2, trainer_args=list(FAST_TRAINER_ARGS))
+    second = ComposeCluster(tmp_path / "second", learners=4, trainer_args=list(FAST_TRAINER_ARGS))
     try:
         second.start()
         assert len(second.leftovers) == 4, f"expected the 4 containers of the first run: {second.leftovers}"
-        wait_until_training(second.run_dir, 2)
+        wait_until_training(second.run_dir, 4)
         assert not second.is_paused("learner-1")
         assert second.toxiproxy.proxy("learner-2")["toxics"] == []
-        wait_for(second.run_dir, "both learners to contribute in the fresh cluster",
-                 lambda ev: contributed_after(1, 0)(ev) and contributed_after(2, 0)(ev), timeout=90)
+        assert second.toxiproxy.proxy("learner-4")["upstream"] == "syncer:7000"
+        wait_for(second.run_dir, "all 4 learners to contribute in the fresh cluster",
+                 lambda ev: all(contributed_after(i, 0)(ev) for i in (1, 2, 3, 4)), timeout=120)
     finally:
         second.stop()

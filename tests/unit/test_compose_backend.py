@@ -1,0 +1,76 @@
+"""The compose backend's plumbing that needs no Docker engine: generated services for
+larger clusters, per-learner flags, the environment handed to compose, data files."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chaos.backends.compose import PROXY_BASE_PORT, ComposeCluster
+from chaos.backends.compose_cli import COMPOSE_ENV, ComposeProject, find_compose_command
+
+
+def test_defined_learners_need_no_override(tmp_path: Path) -> None:
+    assert ComposeCluster(tmp_path, learners=3)._learner_overrides() == {}
+
+
+def test_more_learners_get_generated_services_with_their_own_proxy_port(tmp_path: Path) -> None:
+    services = ComposeCluster(tmp_path, learners=5)._learner_overrides()["services"]
+    assert sorted(services) == ["learner-4", "learner-5"]
+    for i in (4, 5):
+        service = services[f"learner-{i}"]
+        command = service["command"]
+        assert command[command.index("--learner") + 1] == str(i)
+        assert command[command.index("--connect") + 1] == f"toxiproxy:{PROXY_BASE_PORT + i}"
+        assert service["networks"] == ["links"], "a generated learner must not reach the syncer directly"
+        assert service["depends_on"]["syncer"]["condition"] == "service_healthy"
+    yaml.safe_dump({"services": services})  # what the backend writes must be plain YAML
+
+
+def test_per_learner_flags_only_extend_that_learners_command(tmp_path: Path) -> None:
+    services = ComposeCluster(tmp_path, learners=3, learner_args={2: ["--speed", "0.25"]})._learner_overrides()
+    assert list(services["services"]) == ["learner-2"]
+    assert services["services"]["learner-2"] == {"command": [
+        "trainer", "learner", "--learner", "2", "--connect", f"toxiproxy:{PROXY_BASE_PORT + 2}",
+        "--run-dir", "/islands/run", "--speed", "0.25"]}
+
+
+def test_environment_carries_the_run_settings_and_a_private_secret(tmp_path: Path) -> None:
+    cluster = ComposeCluster(tmp_path / "run", learners=2, mode="sync", trainer_args=["--sync-every", "10"])
+    cluster.run_dir.mkdir(parents=True)
+    env = cluster._compose_env()
+    assert env["ISLANDS_SYNCER_ARGS"] == "--mode sync --sync-every 10"
+    assert env["ISLANDS_LEARNER_ARGS"] == "--mode sync --data markov"
+    assert env["ISLANDS_LEARNERS"] == "2" and env["ISLANDS_RUN_DIR"] == str(cluster.run_dir)
+    assert len(env["ISLANDS_SECRET"]) == 64 and (cluster.run_dir / "secret").stat().st_mode & 0o077 == 0
+    assert 0 < int(env["TOXIPROXY_PORT"]) < 65536
+
+
+def test_a_flag_value_with_spaces_is_refused_naming_trainer_args(tmp_path: Path) -> None:
+    cluster = ComposeCluster(tmp_path, learners=2, trainer_args=["--data", "my file.txt"])
+    with pytest.raises(ValueError, match="trainer_args: the compose backend passes flags split on spaces"):
+        cluster._compose_env()
+
+
+def test_a_data_file_on_the_host_is_copied_where_the_learners_mount_it(tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello islands\n" * 100)
+    cluster = ComposeCluster(tmp_path / "run", learners=1, data=str(text))
+    assert cluster._container_data() == "/islands/run/data/corpus.txt"
+    assert (tmp_path / "run" / "data" / "corpus.txt").read_text() == text.read_text()
+    assert ComposeCluster(tmp_path / "run2", data="markov:seed=3")._container_data() == "markov:seed=3"
+
+
+def test_learners_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="learners: must be >= 1"):
+        ComposeCluster(tmp_path, learners=0)
+
+
+def test_the_compose_command_can_be_named_and_projects_build_their_argv(monkeypatch: pytest.MonkeyPatch,
+                                                                           tmp_path: Path) -> None:
+    monkeypatch.setenv(COMPOSE_ENV, "docker compose")
+    assert find_compose_command() == ["docker", "compose"]
+    project = ComposeProject([tmp_path / "a.yaml", tmp_path / "b.yaml"], "p1", command=["docker-compose"])
+    assert project.argv("up", "-d") == ["docker-compose", "-p", "p1", "-f", str(tmp_path / "a.yaml"),
+                                        "-f", str(tmp_path / "b.yaml"), "up", "-d"]
