@@ -21,6 +21,12 @@ from .backends.base import Cluster
 from .client import NotFound
 
 HISTORY_FILE = "history.jsonl"
+# When the final heal had something to undo (a fault still in force at the end, e.g. a
+# kill with restart: false), the cluster trains this long before the run ends. Without it
+# a syncer restarted by the final heal would be stopped at once, and every check that
+# judges the state after the last heal (converged, final loss, rejoined) would judge a
+# cluster that never had a chance to recover.
+SETTLE_AFTER_FINAL_HEAL = 15.0
 
 
 class Interrupted(Exception):
@@ -65,8 +71,9 @@ def describe_fault(fault: Any) -> dict:
 
 class Controller:
     def __init__(self, cluster: Cluster, schedule: Schedule, history: History,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, settle: float = SETTLE_AFTER_FINAL_HEAL) -> None:
         self.cluster = cluster
+        self.settle = settle
         self.schedule = schedule
         self.history = history
         self.clock = clock
@@ -181,7 +188,9 @@ class Controller:
                 self._wait_until(t0 + event.time)
                 entries.append(self.apply(event, t0))
             self._wait_until(t0 + duration)
-            self.heal("end")
+            if self.heal("end") and self.settle > 0:
+                self.history.record(event="settle", seconds=self.settle)
+                self._wait_until(self.clock() + self.settle)
         except Interrupted:
             self.heal("signal")
             raise

@@ -207,3 +207,20 @@ def test_chaos_run_refuses_a_network_partition_on_the_local_backend(tmp_path: Pa
     assert done.returncode == 2, done.stdout + done.stderr
     assert "faults[0].mode: 'network' partitions need the compose backend" in done.stderr
     assert not (tmp_path / "run" / "events").exists(), "nothing may start"
+
+
+def test_a_final_heal_that_undid_a_fault_gives_the_cluster_time_to_recover(cluster: FakeCluster,
+                                                                           tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(Kill(at=0.0, duration=0.1, target="syncer", restart=False),)).validate(3)
+    started = time.monotonic()
+    Controller(cluster, schedule, History(tmp_path / "h.jsonl"), settle=0.4).run(duration=0.2)
+    entries = read_history(tmp_path / "h.jsonl")
+    assert [e["event"] for e in entries][-3:] == ["heal", "settle", "end"]
+    assert entries[-3]["did"] == ["restarted syncer"]
+    assert time.monotonic() - started >= 0.6
+
+
+def test_a_final_heal_with_nothing_to_undo_ends_the_run_at_once(cluster: FakeCluster, tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(Kill(at=0.0, duration=0.1, target="learner-1"),)).validate(3)
+    Controller(cluster, schedule, History(tmp_path / "h.jsonl"), settle=30).run(duration=0.3)
+    assert "settle" not in [e["event"] for e in read_history(tmp_path / "h.jsonl")]
