@@ -29,6 +29,9 @@ from .base import Cluster, UnknownTarget
 from .compose_cli import ComposeError, ComposeProject, find_compose_file
 
 PROJECT_ENV = "ISLANDS_COMPOSE_PROJECT"
+# Not the directory name a hand-run `docker compose up` would use: each start removes what
+# its project left behind, and must not take a cluster someone brought up by hand with it.
+DEFAULT_PROJECT = "islands-chaos"
 IMAGE_ENV = "ISLANDS_IMAGE"
 TOXIPROXY_IMAGE_ENV = "TOXIPROXY_IMAGE"
 TOXIPROXY_SERVER_ENV = "ISLANDS_TOXIPROXY"   # auto | shopify | islands
@@ -86,7 +89,7 @@ class ComposeCluster(Cluster):
         self.data = data
         self.trainer_args = list(trainer_args or [])
         self.learner_args = learner_args or {}
-        self.project_name = project or os.environ.get(PROJECT_ENV, "islands")
+        self.project_name = project or os.environ.get(PROJECT_ENV, DEFAULT_PROJECT)
         self.compose_file = Path(compose_file) if compose_file else find_compose_file()
         self.image = os.environ.get(IMAGE_ENV, DEFAULT_IMAGE)
         self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
