@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 
 from .codec import ENCODINGS
-from .config import MODES, SyncerConfig, TrainConfig
+from .config import GRACE_POLICIES, MODES, SyncerConfig, TrainConfig
+from .outer import STALENESS_POLICIES
 from .model import ModelConfig
 from .argtypes import non_negative_int, positive_float, positive_int  # noqa: F401 (re-exported)
 
@@ -46,8 +47,20 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quorum", "-K", type=non_negative_int, default=SyncerConfig.quorum,
                    help="minimum learners per merge; 0 = every live learner")
     g.add_argument("--grace", type=float, default=SyncerConfig.grace,
-                   help="seconds to wait for more pushes before merging below quorum")
-    g.add_argument("--max-staleness", type=non_negative_int, default=SyncerConfig.max_staleness)
+                   help="seconds to wait for more pushes before merging below quorum "
+                        "(with --grace-policy adaptive: the cap of every wait)")
+    g.add_argument("--grace-policy", choices=GRACE_POLICIES, default=SyncerConfig.grace_policy,
+                   help="fixed: wait --grace below quorum, merge at once at quorum; adaptive: also wait for "
+                        "missing learners until their predicted arrival, at most --grace (default: fixed)")
+    g.add_argument("--max-staleness", type=non_negative_int, default=SyncerConfig.max_staleness,
+                   help="versions; a push more stale than this is dropped under every policy")
+    g.add_argument("--staleness-policy", choices=STALENESS_POLICIES, default=SyncerConfig.staleness_policy,
+                   help="drop: stale pushes beyond --max-staleness are dropped; discount: also weigh each push "
+                        "by (1+s)^-1/2; delayed-nesterov: momentum step every --nesterov-delay merges "
+                        "(default: drop)")
+    g.add_argument("--nesterov-delay", type=positive_int, default=SyncerConfig.nesterov_delay,
+                   help="k: merges per outer momentum step with --staleness-policy delayed-nesterov "
+                        "(default 1: every merge)")
     g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
                    help="frame payload cap in bytes")
 
@@ -72,7 +85,9 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
     try:
         return SyncerConfig(host=host, port=port, state_dir=state_dir, outer_lr=args.outer_lr,
                             outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
-                            max_staleness=args.max_staleness, max_payload=args.max_payload)
+                            max_staleness=args.max_staleness, max_payload=args.max_payload,
+                            staleness_policy=args.staleness_policy, nesterov_delay=args.nesterov_delay,
+                            grace_policy=args.grace_policy)
     except ValueError as exc:
         parser.error(str(exc))
         raise
@@ -84,6 +99,6 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
     for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
                  "fragments", "overlap", "alpha", "encoding", "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
-                 "max_payload"):
+                 "max_payload", "staleness_policy", "nesterov_delay", "grace_policy"):
         out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return out

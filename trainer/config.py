@@ -10,9 +10,10 @@ from dataclasses import asdict, dataclass, field, fields
 from .codec import check_encoding
 from .fragments import validate_schedule
 from .model import ModelConfig
-from .outer import OuterConfig
+from .outer import STALENESS_POLICIES, OuterConfig
 
 MODES = ("decoupled", "sync")
+GRACE_POLICIES = ("fixed", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -87,8 +88,11 @@ class SyncerConfig:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     quorum: int = 0                # K; 0 means every live learner
-    grace: float = 0.5             # seconds to wait for more pushes once one is pending
+    grace: float = 0.5             # seconds to wait for more pushes once one is pending (adaptive: the cap)
     max_staleness: int = 4         # versions; older pushes are dropped and counted
+    staleness_policy: str = "drop"  # drop | discount | delayed-nesterov (outer.py)
+    nesterov_delay: int = 1        # k: merges per momentum step under delayed-nesterov
+    grace_policy: str = "fixed"    # fixed | adaptive (syncer.py, grace_window)
     max_payload: int = 64 * 1024 * 1024
     max_connections: int = 256
     idle_timeout: float = 30.0     # a connection silent this long is closed
@@ -103,6 +107,17 @@ class SyncerConfig:
             raise ValueError(f"grace: must be >= 0, got {self.grace}")
         if self.max_staleness < 0:
             raise ValueError(f"max-staleness: must be >= 0, got {self.max_staleness}")
+        if self.staleness_policy not in STALENESS_POLICIES:
+            raise ValueError(f"staleness-policy: must be one of {', '.join(STALENESS_POLICIES)}, "
+                             f"got {self.staleness_policy!r}")
+        if isinstance(self.nesterov_delay, bool) or not isinstance(self.nesterov_delay, int) \
+                or self.nesterov_delay < 1:
+            raise ValueError(f"nesterov-delay: must be an integer >= 1, got {self.nesterov_delay!r}")
+        if self.nesterov_delay > 1 and self.staleness_policy != "delayed-nesterov":
+            raise ValueError(f"nesterov-delay: {self.nesterov_delay} needs --staleness-policy delayed-nesterov, "
+                             f"got --staleness-policy {self.staleness_policy}")
+        if self.grace_policy not in GRACE_POLICIES:
+            raise ValueError(f"grace-policy: must be one of {', '.join(GRACE_POLICIES)}, got {self.grace_policy!r}")
         if self.max_payload < 1024:
             raise ValueError(f"max-payload: must be >= 1024 bytes, got {self.max_payload}")
         OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum

@@ -20,12 +20,48 @@ counts in the denominator (weight 0, as in Decoupled DiLoCo), so a merge that on
 three live learners made in time moves Θ a third as far; the outer step per round stays
 the same whether a round's pushes arrive together or one by one. If every token count
 is 0 the pushes weigh equally.
+
+Staleness policies (--staleness-policy). The staleness of push i at merge time is
+s_i = v − b_i, where v is the fragment's version before this merge and b_i the version
+the push was based on (the `staleness` the merge event reports per contributor). A push
+with v − b_i > S (--max-staleness) when it arrives is dropped under every policy.
+
+    drop              w'_i = w_i                                        (the default)
+    discount          w'_i = w_i · d_i,   d_i = (1 + s_i)^(-1/2)
+    delayed-nesterov  w'_i = w_i, and the outer step below is delayed
+
+The discount is NOT renormalised: Δ = Σ_i w'_i · g_i with the denominator of w_i
+unchanged (raw tokens, live learners), so a stale push moves Θ less than a fresh one
+with the same tokens, and fresh pushes (s = 0, d = 1) weigh exactly what `drop` gives
+them. Renormalising would undo the discount whenever every push of a merge is equally
+stale (a lone late push would get its full weight back) and would break the rule that
+absent learners count with weight 0 in the denominator. So Σ w'_i ≤ Σ w_i ≤ 1.
+
+Delayed Nesterov (--nesterov-delay k ≥ 1). Each fragment keeps, besides buf, an
+accumulator A (starts at 0) and a count c (starts at 0), both durable with Θ_f. A merge
+with merged pseudo-gradient Δ does
+
+    c ← c + 1
+    if c < k:                  A ← A + Δ
+                               p ← p − lr·Δ                     (plain SGD step)
+    else (c ≥ k):              ḡ   ← (A + Δ) / c                (the mean of the c Δs)
+                               buf ← μ·buf + ḡ
+                               p   ← p − lr·(Δ + μ·buf)         (one Nesterov-style step)
+                               A ← 0,  c ← 0
+
+so every merge applies its own Δ once, and the momentum term μ·buf is applied and
+updated only on every k-th merge, from the mean Δ of the last k merges. With k = 1 every
+merge is the momentum branch with ḡ = Δ / 1 = Δ, which is exactly nesterov_step, bit for
+bit. (c > k only happens if k was lowered across a syncer restart; the mean is then over
+the c Δs actually accumulated.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 import torch
+
+STALENESS_POLICIES = ("drop", "discount", "delayed-nesterov")
 
 
 @dataclass(frozen=True)
@@ -48,6 +84,51 @@ def nesterov_step(params: dict[str, torch.Tensor], momentum: dict[str, torch.Ten
             buf = momentum[name]
             buf.mul_(cfg.momentum).add_(g)
             params[name].sub_(g.add(buf, alpha=cfg.momentum), alpha=cfg.lr)
+
+
+def delayed_nesterov_step(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
+                          accum: dict[str, torch.Tensor], count: int, grad: dict[str, torch.Tensor],
+                          cfg: OuterConfig, delay: int) -> tuple[int, bool]:
+    """One in-place delayed-Nesterov merge (see the module docstring).
+
+    `accum` holds the sum of the Δs merged since the last momentum step (a name missing
+    from it counts as 0) and `count` how many; both are updated in place / returned.
+    Returns (the new count, whether this merge took the momentum step).
+    """
+    if delay < 1:
+        raise ValueError(f"nesterov-delay: must be >= 1, got {delay}")
+    count += 1
+    with torch.no_grad():
+        if count < delay:
+            for name, g in grad.items():
+                if name in accum:
+                    accum[name].add_(g)
+                else:
+                    accum[name] = g.clone()
+                params[name].sub_(g, alpha=cfg.lr)
+            return count, False
+        for name, g in grad.items():
+            total = accum[name].add(g) if name in accum else g
+            mean = total.div(count)
+            buf = momentum[name]
+            buf.mul_(cfg.momentum).add_(mean)
+            params[name].sub_(g.add(buf, alpha=cfg.momentum), alpha=cfg.lr)
+        accum.clear()
+        return 0, True
+
+
+def staleness_discount(staleness: int) -> float:
+    """d = (1 + s)^(-1/2); a push based on a newer version than v (s < 0) is not discounted."""
+    return (1.0 + max(0, staleness)) ** -0.5
+
+
+def staleness_factors(policy: str, staleness: list[int]) -> list[float]:
+    """The factor each push's weight is multiplied by: d_i under `discount`, else 1."""
+    if policy not in STALENESS_POLICIES:
+        raise ValueError(f"staleness-policy: must be one of {', '.join(STALENESS_POLICIES)}, got {policy!r}")
+    if policy == "discount":
+        return [staleness_discount(s) for s in staleness]
+    return [1.0] * len(staleness)
 
 
 @dataclass
@@ -86,12 +167,17 @@ def round_scale(steps: int, sync_every: int) -> float:
     return 1.0 / max(1.0, steps / sync_every) if sync_every > 0 else 1.0
 
 
-def merge(contribs: list[Contribution], expected_tokens: float = 0.0,
-          sync_every: int = 0) -> tuple[dict[str, torch.Tensor], list[float]]:
-    """The merged pseudo-gradient and the weight of each push."""
+def merge(contribs: list[Contribution], expected_tokens: float = 0.0, sync_every: int = 0,
+          factors: list[float] | None = None) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The merged pseudo-gradient and the weight of each push: w'_i = w_i · factors[i]
+    (factors default to 1; the discount is not renormalised)."""
     if not contribs:
         raise ValueError("merge needs at least one contribution")
     weights = merge_weights(contribs, expected_tokens)
+    if factors is not None:
+        if len(factors) != len(contribs):
+            raise ValueError(f"merge: {len(factors)} factors for {len(contribs)} contributions")
+        weights = [w * f for w, f in zip(weights, factors)]
     out: dict[str, torch.Tensor] = {}
     for c, w in zip(contribs, weights):
         scale = w * round_scale(c.steps, sync_every)

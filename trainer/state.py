@@ -7,12 +7,15 @@ complete file or the new complete file, never a torn one.
 Layout of a syncer state directory:
 
     meta.json                      members (nonce, incarnation, data position), counters
-    fragment-<f>.safetensors       Θ_f, momentum_f; metadata: version, applied ledger
+    fragment-<f>.safetensors       Θ_f, momentum_f, delayed-Nesterov accumulator_f (only
+                                   while it holds something); metadata: version, applied
+                                   ledger, accum_count (only with the accumulator)
     pending/<f>/<id>.safetensors   accepted pushes not merged yet (the write-ahead log)
     sync.safetensors               sync mode: parameters, AdamW state and round
 
 The commit point of a merge is the rename of its fragment file, which carries the
-ledger of every applied push id. Recovery drops pending files already in that ledger,
+ledger of every applied push id, and with Θ_f the whole outer-optimizer state of the
+fragment (momentum, accumulator and its count), so they can never disagree. Recovery drops pending files already in that ledger,
 so an acknowledged push is applied exactly once whatever instant the process died.
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -29,6 +33,20 @@ from safetensors.torch import save as st_save
 
 PARAM_PREFIX = "param/"
 MOMENTUM_PREFIX = "momentum/"
+ACCUM_PREFIX = "accum/"
+
+
+@dataclass
+class FragmentFile:
+    """Everything a fragment file holds. A file written before the accumulator existed
+    (or with an empty one) reads back with accum == {} and accum_count == 0."""
+
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    version: int
+    applied: list[str]
+    accum: dict[str, torch.Tensor] = field(default_factory=dict)
+    accum_count: int = 0
 
 
 def fsync_dir(path: Path) -> None:
@@ -119,20 +137,37 @@ class StateDir:
         return self.root / "sync.safetensors"
 
     def write_fragment(self, index: int, params: dict[str, torch.Tensor],
-                       momentum: dict[str, torch.Tensor], version: int, applied: list[str]) -> int:
+                       momentum: dict[str, torch.Tensor], version: int, applied: list[str],
+                       accum: dict[str, torch.Tensor] | None = None, accum_count: int = 0) -> int:
+        """One atomic file: the accumulator and its count commit together with Θ_f and the
+        momentum. An empty accumulator (count 0) is not written, so such a file is the
+        same as one written before the accumulator existed."""
         tensors = {PARAM_PREFIX + n: t for n, t in params.items()}
         tensors.update({MOMENTUM_PREFIX + n: t for n, t in momentum.items()})
-        return save_tensors(self.fragment_path(index), tensors, {"version": version, "applied": applied})
+        meta: dict[str, object] = {"version": version, "applied": applied}
+        if accum_count > 0:
+            tensors.update({ACCUM_PREFIX + n: t for n, t in (accum or {}).items()})
+            meta["accum_count"] = accum_count
+        return save_tensors(self.fragment_path(index), tensors, meta)
 
-    def read_fragment(self, index: int):
-        """(params, momentum, version, applied) or None when this fragment was never written."""
+    def read_fragment_file(self, index: int) -> FragmentFile | None:
+        """The whole fragment file, or None when this fragment was never written."""
         path = self.fragment_path(index)
         if not path.exists():
             return None
         tensors, meta = load_tensors(path)
-        params = {k[len(PARAM_PREFIX):]: v for k, v in tensors.items() if k.startswith(PARAM_PREFIX)}
-        momentum = {k[len(MOMENTUM_PREFIX):]: v for k, v in tensors.items() if k.startswith(MOMENTUM_PREFIX)}
-        return params, momentum, int(meta["version"]), list(meta["applied"])
+
+        def part(prefix: str) -> dict[str, torch.Tensor]:
+            return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+        count = int(meta.get("accum_count", 0))
+        return FragmentFile(part(PARAM_PREFIX), part(MOMENTUM_PREFIX), int(meta["version"]),
+                            list(meta["applied"]), part(ACCUM_PREFIX) if count > 0 else {}, count)
+
+    def read_fragment(self, index: int):
+        """(params, momentum, version, applied) or None when this fragment was never written."""
+        f = self.read_fragment_file(index)
+        return None if f is None else (f.params, f.momentum, f.version, f.applied)
 
     def pending_files(self, index: int) -> list[Path]:
         directory = self.pending_dir(index)

@@ -17,7 +17,7 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,11 +30,58 @@ from .events import EventLog
 from .fragments import Fragment, partition
 from .membership import Membership
 from .model import build_model
-from .outer import Contribution, OuterConfig, merge, nesterov_step, push_id
+from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
+                    staleness_factors)
 from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
 from .sync_state import SyncRound
 
 REPLY_DEADLINE = 30.0
+ARRIVALS_KEPT = 6  # push times kept per (fragment, learner): five intervals for the grace estimator
+
+
+def predict_arrival(times: list[float] | tuple[float, ...] | deque) -> float | None:
+    """When a learner's next push of a fragment should arrive, from its recent push times.
+
+    last + median(I) + MAD(I), where I are the intervals between the given times and MAD
+    is their median absolute deviation from the median (the slack for jitter). None with
+    fewer than two times: no interval, no estimate.
+    """
+    times = list(times)
+    if len(times) < 2:
+        return None
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    med = _median(gaps)
+    mad = _median(sorted(abs(g - med) for g in gaps))
+    return times[-1] + med + mad
+
+
+def _median(sorted_values: list[float]) -> float:
+    n = len(sorted_values)
+    mid = n // 2
+    return sorted_values[mid] if n % 2 else (sorted_values[mid - 1] + sorted_values[mid]) / 2
+
+
+def grace_window(opened: float, cap: float, predicted: dict[int, float | None]) -> tuple[float, str]:
+    """The adaptive grace window: when it closes, and why (a line for the merge event).
+
+    `opened` is when quorum was met, `predicted` maps each live learner still missing from
+    this round to its predicted arrival (None: no estimate). The window closes at the
+    latest predicted arrival, never later than opened + cap and never before opened: a
+    learner already overdue, or one without an estimate, adds no wait.
+    """
+    if not predicted:
+        return opened, "all live learners reported"
+    unknown = sorted(j for j, t in predicted.items() if t is None)
+    known = {j: t for j, t in predicted.items() if t is not None}
+    if not known:
+        return opened, f"no estimate for learner {', '.join(map(str, unknown))}: no wait"
+    last = max(known, key=lambda j: (known[j], j))
+    at = known[last] - opened
+    if at > cap:
+        return opened + cap, f"cap {cap:.2f} s (predicted learner {last} at {at:+.2f} s)"
+    if at <= 0:
+        return opened, f"learner {last} overdue (predicted at {at:+.2f} s): no wait"
+    return known[last], f"predicted learner {last} at {at:+.2f} s"
 
 
 @dataclass
@@ -57,6 +104,30 @@ class FragmentState:
     pending: list[PendingPush] = field(default_factory=list)
     merging: set[str] = field(default_factory=set)
     merge_times: list[float] = field(default_factory=list)
+    accum: dict[str, torch.Tensor] = field(default_factory=dict)  # delayed Nesterov: Σ Δ since the last momentum step
+    accum_count: int = 0                                          # ... and how many Δs that is
+    arrivals: dict[int, tuple[int, deque]] = field(default_factory=dict)  # learner -> (incarnation, push times)
+
+    def note_arrival(self, learner: int, incarnation: int, now: float) -> None:
+        """Remember when an accepted push arrived (a new incarnation starts a new history)."""
+        inc, times = self.arrivals.get(learner, (None, None))
+        if inc != incarnation or times is None:
+            times = deque(maxlen=ARRIVALS_KEPT)
+            self.arrivals[learner] = (incarnation, times)
+        times.append(now)
+
+    def predicted_arrival(self, learner: int) -> float | None:
+        entry = self.arrivals.get(learner)
+        return predict_arrival(entry[1]) if entry else None
+
+    def quorum_since(self, k: int) -> float | None:
+        """When pushes from k distinct learners had first become pending (None: not yet)."""
+        seen: set[int] = set()
+        for p in sorted(self.pending, key=lambda p: p.accepted_at):
+            seen.add(p.contribution.learner)
+            if len(seen) >= k:
+                return p.accepted_at
+        return None
 
     def fresh_since(self) -> float | None:
         """When the first push based on the current version arrived: the grace window's start."""
@@ -137,6 +208,8 @@ class Syncer:
             self._recover_fragments(initial)
             self.events.emit("state_loaded", mode="decoupled",
                              versions=[f.version for f in self.frags],
+                             accum_counts=[f.accum_count for f in self.frags],
+                             accumulators_discarded=self.counters["accumulators_discarded"],
                              applied={str(f.spec.index): f.applied for f in self.frags},
                              pending=sum(len(f.pending) for f in self.frags),
                              members=self.members.persistent(), removed_temporaries=removed)
@@ -144,15 +217,19 @@ class Syncer:
 
     def _recover_fragments(self, initial: dict[str, torch.Tensor]) -> None:
         for spec in self.specs:
-            stored = self.store.read_fragment(spec.index)
+            stored = self.store.read_fragment_file(spec.index)
             if stored is None:
                 params = {n: initial[n] for n in spec.names}
                 momentum = {n: torch.zeros_like(initial[n]) for n in spec.names}
                 self.store.write_fragment(spec.index, params, momentum, 0, [])
                 frag = FragmentState(spec, params, momentum)
             else:
-                params, momentum, version, applied = stored
-                frag = FragmentState(spec, params, momentum, version, applied, set(applied))
+                frag = FragmentState(spec, stored.params, stored.momentum, stored.version, stored.applied,
+                                     set(stored.applied), accum=stored.accum, accum_count=stored.accum_count)
+                if frag.accum_count and self.cfg.staleness_policy != "delayed-nesterov":
+                    # Those Δs were applied already (SGD steps); only their momentum share is lost.
+                    self.counters["accumulators_discarded"] += 1
+                    frag.accum, frag.accum_count = {}, 0
             for path in self.store.pending_files(spec.index):
                 push = self._load_pending(path)
                 if push.contribution.ident in frag.applied_set:
@@ -196,7 +273,10 @@ class Syncer:
         self.events.emit("process_start", role="syncer", mode=self.train.mode, defect=self.defect,
                          address=list(self.address), config=self.train.to_dict(),
                          syncer={"quorum": self.cfg.quorum, "grace": self.cfg.grace,
+                                 "grace_policy": self.cfg.grace_policy,
                                  "max_staleness": self.cfg.max_staleness,
+                                 "staleness_policy": self.cfg.staleness_policy,
+                                 "nesterov_delay": self.cfg.nesterov_delay,
                                  "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum})
         return self.address
 
@@ -221,7 +301,8 @@ class Syncer:
             if self.sync is None:
                 for frag in self.frags:
                     if frag.pending:
-                        self._merge(frag, reason="final")
+                        self._merge(frag, reason="final", grace={"policy": self.cfg.grace_policy, "waited": None,
+                                                                 "why": "final merge at stop"})
             else:
                 self.sync.checkpoint(self.store)
             self._write_meta()
@@ -441,7 +522,9 @@ class Syncer:
                 # The id moves from reserved to pending in one step: a retry never finds it in neither.
                 frag.merging.discard(ident)
                 version = frag.version  # the next merge of this fragment will include this push
-                frag.pending.append(PendingPush(contribution, steps, encoding, path, time.monotonic()))
+                accepted_at = time.monotonic()
+                frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at))
+                frag.note_arrival(learner, incarnation, accepted_at)
                 m.position = max(m.position, position)
                 m.tokens += tokens
                 self.counters["accepted"] += 1
@@ -541,7 +624,11 @@ class Syncer:
         return max(1, min(k, alive) if alive else 1)
 
     def _ready(self, frag: FragmentState, now: float) -> str | None:
-        """Why this fragment should merge now, or None.
+        """Why this fragment should merge now, or None (see _decide)."""
+        return self._decide(frag, now)[0]
+
+    def _decide(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
+        """Why this fragment should merge now (or None), and what the grace window did.
 
         Quorum: pushes from K distinct learners are pending. Grace: the first push based
         on the current version has waited `grace` seconds. A push that is late for its
@@ -550,20 +637,40 @@ class Syncer:
         into step with the others instead of settling into a merge of its own every
         round. Only if no fresh push comes (its peers are gone) does it merge alone,
         after max(5·grace, 1.5 rounds).
+
+        With --grace-policy adaptive, reaching quorum merges at once only if no live
+        learner that is still missing is predicted to arrive soon: otherwise the merge
+        waits until the latest predicted arrival, at most `grace` after quorum was met
+        (grace_window). Below quorum nothing changes: `grace` after the first fresh push.
         """
+        policy = self.cfg.grace_policy
         if not frag.pending:
-            return None
+            return None, {}
         reporters = {p.contribution.learner for p in frag.pending}
-        if len(reporters) >= self._effective_quorum():
-            return "quorum"
+        k = self._effective_quorum()
+        if len(reporters) >= k:
+            if policy != "adaptive":
+                return "quorum", {"policy": policy, "waited": 0.0, "why": f"{len(reporters)} of quorum {k} reported"}
+            opened = frag.quorum_since(k)
+            assert opened is not None
+            missing = sorted({m.learner for m in self.members.alive()} - reporters)
+            closes, why = grace_window(opened, self.cfg.grace, {j: frag.predicted_arrival(j) for j in missing})
+            if now < closes:
+                return None, {}
+            return ("grace" if closes > opened else "quorum"), {
+                "policy": policy, "waited": round(max(0.0, now - opened), 4), "window": round(closes - opened, 4),
+                "missing": missing, "why": why}
         fresh = frag.fresh_since()
         if fresh is not None and now - fresh >= self.cfg.grace:
-            return "grace"
+            return "grace", {"policy": policy, "waited": round(now - fresh, 4),
+                             "why": f"below quorum {k}: {self.cfg.grace:.2f} s after the first fresh push"}
         oldest = frag.oldest_since()
         period = frag.round_period() or 0.0
-        if fresh is None and oldest is not None and now - oldest >= max(5 * self.cfg.grace, 1.5 * period):
-            return "late"
-        return None
+        late_after = max(5 * self.cfg.grace, 1.5 * period)
+        if fresh is None and oldest is not None and now - oldest >= late_after:
+            return "late", {"policy": policy, "waited": round(now - oldest, 4),
+                            "why": f"only late pushes, no fresh one for {late_after:.2f} s"}
+        return None, {}
 
     def _merge_loop(self) -> None:
         if self.sync is not None:
@@ -573,17 +680,17 @@ class Syncer:
                 self.cond.wait(0.05)
                 now = time.monotonic()
                 for frag in self.frags:
-                    why = self._ready(frag, now)
+                    why, grace = self._decide(frag, now)
                     if why and self._running:
                         try:
-                            self._merge(frag, reason=why)
+                            self._merge(frag, reason=why, grace=grace)
                         except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
                             self.counters["merge_errors"] += 1
                             self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
                                              error=f"{type(exc).__name__}: {exc}")
                             self.cond.wait(0.5)
 
-    def _merge(self, frag: FragmentState, reason: str) -> None:
+    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
         """Apply one outer step to a fragment. Called under the lock, which it releases
         while the new state is written.
 
@@ -598,10 +705,24 @@ class Syncer:
         frag.merging.update(c.ident for c in contribs)
         live = len(self.members.alive())
         expected = float(live * self.train.sync_every * self.train.tokens_per_step)
-        delta, weights = merge(contribs, expected, self.train.sync_every)
+        policy = self.cfg.staleness_policy
+        staleness = [frag.version - c.base_version for c in contribs]
+        raw = merge_weights(contribs, expected)
+        factors = staleness_factors(policy, staleness)
+        delta, weights = merge(contribs, expected, self.train.sync_every, factors)
         params = {n: t.clone() for n, t in frag.params.items()}
         momentum = {n: t.clone() for n, t in frag.momentum.items()}
-        nesterov_step(params, momentum, delta, self.outer)
+        accum = {n: t.clone() for n, t in frag.accum.items()}
+        accum_count = frag.accum_count
+        if policy == "delayed-nesterov":
+            averaged = accum_count + 1
+            accum_count, stepped = delayed_nesterov_step(params, momentum, accum, accum_count, delta, self.outer,
+                                                         self.cfg.nesterov_delay)
+            outer = {"step": "delayed-nesterov", "delay": self.cfg.nesterov_delay, "momentum_step": stepped,
+                     "accum_count": accum_count, "averaged": averaged if stepped else 0}
+        else:
+            nesterov_step(params, momentum, delta, self.outer)
+            outer = {"step": "nesterov", "momentum_step": True}
         finite = all(bool(torch.isfinite(t).all()) for t in params.values())
         if not finite:
             self.counters["nonfinite_merges"] += 1
@@ -613,7 +734,8 @@ class Syncer:
             if self.defect == "ack_before_durable" and time.monotonic() - self._last_flush < defects.FLUSH_EVERY:
                 nbytes = 0
             else:
-                nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied)
+                nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied,
+                                                   accum, accum_count)
                 self._last_flush = time.monotonic()
             write_seconds = time.monotonic() - write_started
         except BaseException:
@@ -623,6 +745,7 @@ class Syncer:
             raise
         self.cond.acquire()
         frag.params, frag.momentum = params, momentum
+        frag.accum, frag.accum_count = accum, accum_count
         frag.version = version
         frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
         frag.applied = applied
@@ -634,10 +757,14 @@ class Syncer:
         self.events.emit(
             "merge", fragment=frag.spec.index, version=version, reason=reason,
             quorum=self._effective_quorum(), alive=[m.learner for m in self.members.alive()],
+            staleness_policy=policy, grace_policy=self.cfg.grace_policy,
+            grace=grace or {"policy": self.cfg.grace_policy, "waited": None, "why": "merged directly"},
+            outer=outer,
             contributors=[{"id": c.ident, "learner": c.learner, "incarnation": c.incarnation, "seq": c.seq,
                            "tokens": c.tokens, "base_version": c.base_version,
-                           "staleness": version - 1 - c.base_version, "weight": round(w, 4), "steps": c.steps}
-                          for c, w in zip(contribs, weights)],
+                           "staleness": s, "raw_weight": round(r, 4), "discount": round(f, 4),
+                           "weight": round(w, 4), "steps": c.steps}
+                          for c, s, r, f, w in zip(contribs, staleness, raw, factors, weights)],
             tokens=sum(c.tokens for c in contribs), expected_tokens=expected,
             fragment_share=frag.spec.numel / sum(s.numel for s in self.specs),
             finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))
