@@ -120,12 +120,16 @@ class ComposeCluster(Cluster):
         found = self._containers(self.check_target(target))
         return found[0] if found else None
 
-    def _status(self, target: str) -> str:
-        c = self._container(target)
-        if c is None:
+    @staticmethod
+    def _state(container) -> str:
+        """The container's status now ('absent' for no container): one engine call."""
+        if container is None:
             return "absent"
-        c.reload()
-        return c.status
+        container.reload()
+        return container.status
+
+    def _status(self, target: str) -> str:
+        return self._state(self._container(target))
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -297,19 +301,19 @@ class ComposeCluster(Cluster):
     @engine_retry
     def kill(self, target: str) -> None:
         c = self._container(target)
-        if c is not None and self._status(target) in ("running", "paused"):
+        if self._state(c) in ("running", "paused"):
             c.kill()
 
     @engine_retry
     def pause(self, target: str) -> None:
         c = self._container(target)
-        if c is not None and self._status(target) == "running":
+        if self._state(c) == "running":
             c.pause()
 
     @engine_retry
     def resume(self, target: str) -> None:
         c = self._container(target)
-        if c is not None and self._status(target) == "paused":
+        if self._state(c) == "paused":
             c.unpause()
 
     @engine_retry
@@ -317,7 +321,7 @@ class ComposeCluster(Cluster):
         c = self._container(target)
         if c is None:
             raise UnknownTarget(f"{target}: no container in compose project {self.project_name!r}")
-        if self._status(target) not in ("running", "paused"):
+        if self._state(c) not in ("running", "paused"):
             c.start()
 
     def is_running(self, target: str) -> bool:

@@ -15,23 +15,12 @@ from chaos.controller import read_history
 from chaos.runner import wait_until_training
 from trainer.events import read_events
 
+from ..integration.cluster_helpers import wait_for
 from .conftest import FAST_TRAINER_ARGS
 
 pytestmark = [pytest.mark.compose, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 ACCEPTANCE = ROOT / "examples" / "schedules" / "compose-acceptance.yaml"
-
-
-def wait_for(run_dir: Path, what: str, predicate, timeout: float) -> list[dict]:
-    """Poll the run's events until `predicate` holds; fail naming what did not happen."""
-    deadline = time.monotonic() + timeout
-    while True:
-        events = read_events(run_dir)
-        if predicate(events):
-            return events
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.25)
 
 
 def contributed_after(learner: int, t: float):
