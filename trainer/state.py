@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,6 +29,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
+
+from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir  # noqa: F401 (re-exported)
 
 PARAM_PREFIX = "param/"
 MOMENTUM_PREFIX = "momentum/"
@@ -47,39 +48,6 @@ class FragmentFile:
     applied: list[str]
     accum: dict[str, torch.Tensor] = field(default_factory=dict)
     accum_count: int = 0
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> int:
-    """Write `data` to `path` atomically and durably; returns the bytes written."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    fsync_dir(target.parent)
-    return len(data)
-
-
-def atomic_write_json(path: str | os.PathLike, obj: object) -> int:
-    return atomic_write_bytes(path, json.dumps(obj, indent=1, sort_keys=True).encode())
 
 
 def read_json(path: str | os.PathLike) -> dict | None:
