@@ -45,18 +45,40 @@ def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .learner import LearnerOptions, run_learner
     try:
         address = Address.parse(args.connect)
     except ValueError as exc:
         parser.error(str(exc))
     if not 0 < args.speed <= 1:
         parser.error(f"--speed: must be in (0, 1], got {args.speed}")
+    if args.ranks > 1 and args.mode == "sync":
+        parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
+    if args.rank is not None and (args.rank >= args.ranks or args.rendezvous is None):
+        parser.error(f"--rank: must be below --ranks {args.ranks}, with --rendezvous")
     secret = _secret(args, parser)
     corpus = _corpus(args.data, parser)
+    if args.ranks > 1 and args.rank is None:
+        from .unit import UnitOptions, run_unit
+        return run_unit(UnitOptions(args.learner, args.ranks, args.run_dir), lambda r, store: rank_argv(args, r, store))
+    from .learner import LearnerOptions, run_learner
     opts = LearnerOptions(learner=args.learner, address=address, run_dir=args.run_dir, max_steps=args.max_steps,
-                          threads=args.threads, speed=args.speed, connect_timeout=args.connect_timeout)
+                          threads=args.threads, speed=args.speed, connect_timeout=args.connect_timeout,
+                          rank=args.rank or 0, ranks=args.ranks, store_file=args.rendezvous,
+                          collective_timeout=args.collective_timeout)
     return run_learner(opts, corpus, secret, args.mode)
+
+
+def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
+    """The command line of one rank of a unit: the unit's own flags plus --rank and --rendezvous."""
+    argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(args.learner), "--connect", args.connect,
+            "--data", args.data, "--mode", args.mode, "--threads", str(args.threads), "--speed", str(args.speed),
+            "--connect-timeout", str(args.connect_timeout), "--collective-timeout", str(args.collective_timeout),
+            "--ranks", str(args.ranks), "--rank", str(rank), "--rendezvous", store]
+    for flag, value in (("--run-dir", args.run_dir), ("--max-steps", args.max_steps),
+                        ("--secret-file", args.secret_file)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -68,12 +90,15 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     train = train_config(args, parser, args.learners)
     syncer_config(args, parser, "unused")  # validate syncer flags before starting anything
+    if args.ranks > 1 and args.mode == "sync":
+        parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
     corpus = _corpus(args.data, parser)  # also warms the synthetic-data cache for the learners
     out = Path(args.out or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
     spec = ClusterSpec(run_dir=out, learners=args.learners, mode=args.mode, data=args.data,
-                       syncer_flags=forward_flags(args), learner_flags=["--threads", str(args.threads)])
+                       syncer_flags=forward_flags(args),
+                       learner_flags=["--threads", str(args.threads), "--ranks", str(args.ranks)])
     cluster = LocalCluster(spec)
     print(f"islands: {args.learners} learners, {args.mode} mode, data {corpus.name}, run dir {out}", flush=True)
     tail = ProgressTail(out)
@@ -187,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     p.add_argument("--speed", type=positive_float, default=1.0, help="(0, 1]: artificial slowdown factor")
     p.add_argument("--connect-timeout", type=positive_float, default=60.0)
+    p.add_argument("--ranks", type=positive_int, default=1,
+                   help="ranks in this unit: DDP over gloo inside it, rank 0 talks to the syncer; "
+                        "if any rank dies the whole unit restarts (default 1)")
+    p.add_argument("--collective-timeout", type=positive_float, default=60.0,
+                   help="seconds a rank waits for the others (a paused rank stalls its unit this long at most)")
+    p.add_argument("--rank", type=non_negative_int, default=None, help=argparse.SUPPRESS)  # set by the unit
+    p.add_argument("--rendezvous", default=None, help=argparse.SUPPRESS)  # the unit's gloo file store
     p.set_defaults(func=cmd_learner)
 
     p = sub.add_parser("eval", help="held-out loss of the global parameters in a state dir (JSON)")
@@ -204,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
     p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of training")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per learner")
+    p.add_argument("--ranks", type=positive_int, default=1, help="ranks per learner unit (DDP over gloo)")
     p.add_argument("--restart-delay", type=float, default=1.0, help="seconds before restarting a dead learner")
     p.add_argument("--no-supervise", dest="supervise", action="store_false",
                    help="do not restart processes that die")

@@ -181,13 +181,18 @@ class ShardSampler:
     """Draws (input, target) windows from one learner's shard, advancing a cursor.
 
     `position` counts windows already consumed by this learner across incarnations; the
-    syncer records it with every push so a restarted learner resumes from it.
+    syncer records it with every push so a restarted learner resumes from it. The R ranks
+    of one unit share the shard and its position, each reading its own slice of every step.
     """
 
     def __init__(self, train: np.ndarray, shard: int, num_shards: int, block_size: int,
-                 batch_size: int, seed: int, incarnation: int, position: int = 0) -> None:
+                 batch_size: int, seed: int, incarnation: int, position: int = 0,
+                 rank: int = 0, ranks: int = 1) -> None:
         if not 0 <= shard < num_shards:
             raise ValueError(f"shard {shard} is out of range for {num_shards} shards")
+        if not 0 <= rank < ranks:
+            raise ValueError(f"rank {rank} is out of range for {ranks} ranks")
+        self.rank, self.ranks = rank, ranks
         lo = len(train) * shard // num_shards
         hi = len(train) * (shard + 1) // num_shards
         if hi - lo < block_size + 2:
@@ -196,12 +201,12 @@ class ShardSampler:
         self.block_size = block_size
         self.batch_size = batch_size
         self.position = position
-        self._rng = np.random.default_rng([seed, shard, incarnation])
+        self._rng = np.random.default_rng([seed, shard, incarnation] + ([rank] if ranks > 1 else []))
         self._stride = max(1, (len(self.tokens) - block_size - 1) // max(1, 4 * batch_size))
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         span = len(self.tokens) - self.block_size - 1
-        base = (self.position * self.block_size) % span
+        base = ((self.position * self.ranks + self.rank) * self.block_size) % span
         jitter = self._rng.integers(0, self.block_size, size=self.batch_size)
         starts = (base + np.arange(self.batch_size) * self._stride + jitter) % span
         idx = torch.from_numpy(starts)[:, None] + torch.arange(self.block_size + 1)[None, :]

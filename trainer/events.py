@@ -39,6 +39,12 @@ KINDS = {
     "connect": "a learner (re)connected to the syncer",
     "disconnect": "a learner lost its connection (error)",
     "restart": "a launcher restarted a process",
+    "rank_start": "a rank > 0 of a learner unit started (rank, ranks, incarnation)",
+    "rank_stop": "a rank > 0 of a learner unit stopped when rank 0 said so (steps, parameter digest)",
+    "unit_start": "a learner unit started a generation of its ranks (generation, rank PIDs)",
+    "unit_failed": "a rank of a learner unit died; the unit kills the others (rank, exit code)",
+    "unit_restart": "a learner unit starts all its ranks again after a failure",
+    "unit_stop": "a learner unit is exiting (reason)",
     "eval": "validation loss of parameters",
 }
 

@@ -6,12 +6,17 @@ queues it and moves on. A background thread sends pushes, heartbeats, and pulls 
 global fragments into an inbox; the inner loop applies them at a step boundary, mixing
 θ_f ← α·θ_f + (1−α)·Θ_f. The inner loop never touches the network.
 
+A unit of several ranks (`--ranks R`, see ranks.py and unit.py) trains as one replica with
+DDP over gloo; only rank 0 runs the network thread, and at every step boundary it tells the
+other ranks which fragments it adopted and broadcasts their new values.
+
 Sync mode (the baseline): every step's gradient goes to the syncer, which returns the
 mean of all live learners; each learner applies it with its AdamW, as DDP would.
 """
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +32,8 @@ from .fragments import FragmentClock
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
 from .model import build_model
 from .pushes import OutgoingPush, PushQueue
+from .ranks import Group, RankGroup, SoloGroup, param_digest
+from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer
 
 RECONNECT_BUDGET = 30.0
@@ -45,6 +52,14 @@ class LearnerOptions:
     speed: float = 1.0            # < 1 slows this learner down artificially
     connect_timeout: float = 60.0
     drain_timeout: float = DRAIN_TIMEOUT
+    rank: int = 0                 # this process's rank in its unit; only rank 0 talks to the syncer
+    ranks: int = 1
+    store_file: str | None = None  # the unit's gloo rendezvous (ranks > 1)
+    collective_timeout: float = 60.0
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
 
 
 class Inbox:
@@ -84,7 +99,9 @@ class Learner:
         # thread finish, when the queue is empty. Exiting on `stop` alone raced the residual push.
         self.closing = threading.Event()
         self.drain_over = threading.Event()  # the stop gave up waiting for the residual pushes
-        self.events = EventLog(opts.run_dir, f"learner-{opts.learner}", learner=opts.learner)
+        name = f"learner-{opts.learner}" if opts.leader else f"learner-{opts.learner}-rank-{opts.rank}"
+        self.events = EventLog(opts.run_dir, name, learner=opts.learner)
+        self.group: Group = SoloGroup()
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
         self.inbox = Inbox()
         self.syncer_versions: list[int] = []
@@ -107,8 +124,14 @@ class Learner:
                 f"learner-{self.opts.learner}: could not reach the syncer at {self.opts.address} "
                 f"within {self.opts.connect_timeout:.0f}s: {exc}") from exc
 
-    def _setup(self, welcome: wire.Frame) -> None:
+    @staticmethod
+    def _shared_setup(welcome: wire.Frame) -> dict:
+        """What every rank of the unit needs from WELCOME (the tensors go through DDP)."""
         h = welcome.header
+        return {key: h[key] for key in ("config", "incarnation", "fragments", "position", "rejoin",
+                                        "versions", "adam_step", "round") if key in h}
+
+    def _setup(self, h: dict, tensors: dict[str, torch.Tensor] | None) -> None:
         self.cfg = TrainConfig.from_dict(h["config"])
         self.link.request_timeout = self.cfg.request_timeout
         self.incarnation = int(h["incarnation"])
@@ -116,31 +139,41 @@ class Learner:
         torch.set_num_threads(self.opts.threads)
         self.model = build_model(self.cfg.model, self.cfg.seed)
         self.params = dict(self.model.named_parameters())
-        self.opt = make_inner_optimizer(self.model, self.cfg)
-        tensors = welcome.tensors()
         if self.mode == "sync":
+            self.opt = make_inner_optimizer(self.model, self.cfg)
             load_optimizer_tensors(self.model, self.opt, tensors, int(h["adam_step"]))
             self.round = int(h["round"])
         else:
-            with torch.no_grad():
-                for name, p in self.params.items():
-                    p.copy_(tensors[name])
+            if tensors is not None:
+                with torch.no_grad():
+                    for name, p in self.params.items():
+                        p.copy_(tensors[name])
             self.syncer_versions = list(h["versions"])
             self.adopted_versions = list(h["versions"])
             self.targets = [None] * len(self.fragment_names)
+        self.net = self.group.wrap(self.model)  # DDP makes every rank start from rank 0's values
+        if self.mode != "sync":
+            self.opt = make_inner_optimizer(self.model, self.cfg)
+        self.unit_tokens_per_step = self.cfg.tokens_per_step * self.group.size
         train, _ = self.corpus.split()
         self.sampler = ShardSampler(train, self.opts.learner - 1, self.cfg.num_learners, self.cfg.model.block_size,
-                                    self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]))
-        self.events.emit("process_start", role="learner", incarnation=self.incarnation, rejoin=bool(h["rejoin"]),
-                         position=self.sampler.position, mode=self.mode, versions=self.adopted_versions,
-                         threads=self.opts.threads, speed=self.opts.speed, corpus=self.corpus.name,
-                         loss_floor=self.corpus.entropy_rate, unigram_entropy=self.corpus.unigram_entropy)
+                                    self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]),
+                                    rank=self.group.rank, ranks=self.group.size)
+        fields = dict(incarnation=self.incarnation, position=self.sampler.position, threads=self.opts.threads,
+                      speed=self.opts.speed, ranks=self.group.size)
+        if not self.group.leader:
+            self.events.emit("rank_start", rank=self.group.rank, **fields)
+            return
+        self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode,
+                         versions=self.adopted_versions, corpus=self.corpus.name,
+                         loss_floor=self.corpus.entropy_rate, unigram_entropy=self.corpus.unigram_entropy,
+                         **fields)
 
     # ----------------------------------------------------------------- inner step
     def _inner_step(self) -> tuple[float, float]:
         x, y = self.sampler.next_batch()
         started = time.perf_counter()
-        _, loss = self.model(x, y)
+        _, loss = self.net(x, y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         return float(loss.detach()), started
@@ -151,11 +184,22 @@ class Learner:
 
     def run(self) -> int:
         _warm_up_torch(self.opts.threads)
-        welcome = self._welcome()
-        self._setup(welcome)
-        if self.mode == "sync":
-            return self._run_sync()
-        return self._run_decoupled()
+        if self.opts.ranks > 1:
+            self.group = RankGroup(self.opts.rank, self.opts.ranks, self.opts.store_file,
+                                   self.opts.collective_timeout)
+        try:
+            if self.group.leader:
+                welcome = self._welcome()
+                self._setup(self.group.share_setup(self._shared_setup(welcome)), welcome.tensors())
+            else:
+                self._setup(self.group.share_setup(None), None)
+            if self.mode == "sync":
+                return self._run_sync()
+            if not self.group.leader:
+                return self._run_follower()
+            return self._run_decoupled()
+        finally:
+            self.group.close()
 
     # ----------------------------------------------------------------- decoupled
     def _run_decoupled(self) -> int:
@@ -186,27 +230,30 @@ class Learner:
             last_push_step[f] = step
             clock.synced(f, step)
 
-        while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
-            if self.fatal:
-                raise self.fatal
-            for f in self.inbox.fragments():
-                if step >= last_push_step[f] + cfg.overlap and self._adopt(f, refs, tokens_since, steps_since):
-                    clock.synced(f, step)
-            loss, started = self._inner_step()
-            if cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            self.opt.step()
-            compute_s = time.perf_counter() - started
+        while True:
+            stopping = (self.stop.is_set() or self.fatal is not None
+                        or (self.opts.max_steps is not None and step >= self.opts.max_steps))
+            adopted = [] if stopping else [
+                f for f in self.inbox.fragments()
+                if step >= last_push_step[f] + cfg.overlap and self._adopt(f, refs, tokens_since, steps_since)]
+            for f in adopted:
+                clock.synced(f, step)
+            self._follow_leader(stopping, adopted)
+            if stopping:
+                break
+            loss, compute_s = self._train_step()
             step += 1
             for f in range(len(tokens_since)):
-                tokens_since[f] += cfg.tokens_per_step
+                tokens_since[f] += self.unit_tokens_per_step
                 steps_since[f] += 1
-            self.events.emit("inner_step", step=step, loss=loss, tokens=cfg.tokens_per_step,
+            self.events.emit("inner_step", step=step, loss=loss, tokens=self.unit_tokens_per_step,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
                              position=self.sampler.position)
             for f in clock.due(step):
                 push(f)
             self._throttle(compute_s)
+        if self.fatal:
+            raise self.fatal
         self._report_final_params()
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
             if steps_since[f]:
@@ -220,6 +267,37 @@ class Learner:
         self._bye()
         self.events.emit("process_stop", role="learner", steps=step, drained=drained, unsent=len(self.queue),
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
+        return 0
+
+    def _train_step(self) -> tuple[float, float]:
+        """One inner AdamW step (DDP-averaged across the unit's ranks); (unit mean loss, compute s)."""
+        loss, started = self._inner_step()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.opt.step()
+        compute_s = time.perf_counter() - started
+        return self.group.mean_loss(loss), compute_s
+
+    def _follow_leader(self, stop: bool, adopted: list[int]) -> tuple[bool, list[int]]:
+        """Step boundary of the unit: rank 0's decision, then the adopted fragments' new values."""
+        stop, adopted = self.group.step_control(stop, adopted, len(self.fragment_names))
+        if not stop:
+            for f in adopted:
+                self.group.broadcast([self.params[n] for n in self.fragment_names[f]])
+        return stop, adopted
+
+    def _run_follower(self) -> int:
+        """Rank > 0: train in lockstep with rank 0 until it says stop; no network, no pushes."""
+        step = 0
+        while True:
+            stop, adopted = self._follow_leader(False, [])
+            if stop:
+                break
+            _, compute_s = self._train_step()
+            step += 1
+            self._throttle(compute_s)
+        self.events.emit("rank_stop", rank=self.group.rank, steps=step, incarnation=self.incarnation,
+                         digest=param_digest(self.params))
         return 0
 
     def _adopt(self, f: int, refs: dict, tokens_since: list[int], steps_since: list[int]) -> bool:
@@ -257,7 +335,8 @@ class Learner:
                 norm = sum(float(self.globals[f][n].pow(2).sum()) for n in names) ** 0.5
                 rows.append({"fragment": f, "version": self.adopted_versions[f],
                              "drift": diff / norm if norm > 0 else diff})
-        self.events.emit("final_params", fragments=rows, incarnation=self.incarnation)
+        self.events.emit("final_params", fragments=rows, incarnation=self.incarnation,
+                         digest=param_digest(self.params))
 
     def _network_loop(self) -> None:
         """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""
@@ -427,8 +506,15 @@ def _warm_up_torch(threads: int) -> None:
 def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> int:
     learner = Learner(opts, corpus, secret, mode)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: learner.stop.set())
+        # Ranks > 0 stop when rank 0 says so, at a step boundary; leaving on their own would
+        # break the collective rank 0 is in, and lose the residual push.
+        signal.signal(sig, (lambda *_: learner.stop.set()) if opts.leader else signal.SIG_IGN)
     try:
         return learner.run()
+    except SystemExit as exc:
+        if opts.ranks > 1 and not isinstance(exc.code, int):  # refused or no syncer: the unit gives up
+            print(exc.code, file=sys.stderr, flush=True)
+            return FATAL_EXIT
+        raise
     finally:
         learner.events.close()
