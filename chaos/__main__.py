@@ -49,7 +49,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           f"run dir {out}", flush=True)
     try:
         result = run_schedule(schedule, out, backend=args.backend, learners=args.learners, duration=args.duration,
-                              mode=args.mode, data=args.data, trainer_args=args.trainer_args)
+                              mode=args.mode, data=args.data, trainer_args=args.trainer_args,
+                              learner_args={i: ["--ranks", str(args.ranks)] for i in range(1, args.learners + 1)}
+                              if args.ranks > 1 else None)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
@@ -136,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.yaml, .yml or .json)")
     p.add_argument("--backend", choices=("local", "compose"), default="local")
     p.add_argument("--learners", type=_positive_int, default=3)
+    p.add_argument("--ranks", type=_positive_int, default=1,
+                   help="ranks per learner unit (DDP over gloo; faults may target learner-N/rank-R)")
     p.add_argument("--duration", type=_positive_float, default=None,
                    help="seconds from the first fault's clock start (default: schedule horizon + 20)")
     p.add_argument("--out", help="run directory (default runs/chaos-<timestamp>)")

@@ -96,15 +96,12 @@ class Controller:
         targets = fault.targets if isinstance(fault, Partition) else (fault.target,)
         return [self.cluster.link_proxy(t) for t in targets]
 
-    def _unit(self, target: str) -> str:
-        return target.split("/", 1)[0]
-
     def _start(self, fault: Any) -> str:
         if isinstance(fault, Kill):
-            self.cluster.kill(self._unit(fault.target))
+            self.cluster.kill(fault.target)
             return f"SIGKILL {fault.target}"
         if isinstance(fault, Pause):
-            self.cluster.pause(self._unit(fault.target))
+            self.cluster.pause(fault.target)
             return f"SIGSTOP {fault.target}"
         if isinstance(fault, Partition) and fault.mode == "refuse":
             for proxy in self._links(fault):
@@ -127,10 +124,10 @@ class Controller:
         if isinstance(fault, Kill):
             if not fault.restart:
                 return f"left {fault.target} down until the final heal"
-            self.cluster.restart(self._unit(fault.target))
+            self.cluster.restart(fault.target)
             return f"restarted {fault.target}"
         if isinstance(fault, Pause):
-            self.cluster.resume(self._unit(fault.target))
+            self.cluster.resume(fault.target)
             return f"SIGCONT {fault.target}"
         if isinstance(fault, Partition) and fault.mode == "refuse":
             for proxy in self._links(fault):

@@ -39,6 +39,23 @@ def proc_state(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2]
 
 
+def proc_parent(pid: int) -> int | None:
+    """Parent PID of `pid`, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def signal_pid(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @dataclass
 class ManagedProcess:
     name: str

@@ -33,6 +33,7 @@ class Recorded:
     trainer_args: list[str] = field(default_factory=list)
     duration: float | None = None
     env: dict[str, str] = field(default_factory=dict)
+    learner_args: dict[int, list[str]] = field(default_factory=dict)
 
 
 def load_recorded(run_dir: str | Path) -> Recorded:
@@ -67,9 +68,16 @@ def load_recorded(run_dir: str | Path) -> Recorded:
     env = run.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ReplayError(f"{run_dir / RUN_FILE}: env: expected an object of strings, got {env!r}")
+    learner_args = run.get("learner_args") or {}
+    if not isinstance(learner_args, dict) or not all(
+            isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(isinstance(a, str) for a in v)
+            for k, v in learner_args.items()):
+        raise ReplayError(f"{run_dir / RUN_FILE}: learner_args: expected an object of learner number to a list "
+                          f"of strings, got {learner_args!r}")
     return Recorded(schedule=schedule, backend=run.get("backend") or "local", learners=learners,
                     mode=run.get("mode") or "decoupled", data=run.get("data") or "markov",
-                    trainer_args=list(trainer_args), duration=float(duration) if duration is not None else None, env=dict(env))
+                    trainer_args=list(trainer_args), duration=float(duration) if duration is not None else None,
+                    env=dict(env), learner_args={int(k): list(v) for k, v in learner_args.items()})
 
 
 def next_replay_dir(run_dir: str | Path) -> Path:
@@ -96,7 +104,7 @@ def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorde
     try:
         return runner.run_schedule(recorded.schedule, out, backend=recorded.backend, learners=recorded.learners,
                                    duration=recorded.duration, mode=recorded.mode, data=recorded.data,
-                                   trainer_args=recorded.trainer_args)
+                                   trainer_args=recorded.trainer_args, learner_args=recorded.learner_args)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -105,6 +105,7 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
     (run_dir / "run.json").write_text(json.dumps({
         "backend": backend, "learners": learners, "mode": mode, "data": data,
         "trainer_args": trainer_args or [], "seed": schedule.seed,
+        "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
         "duration": duration if duration is not None else default_duration(schedule)}, indent=2))
     cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args)
     problems = cluster.unsupported(schedule)

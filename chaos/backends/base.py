@@ -34,8 +34,30 @@ class Cluster(ABC):
         """Stop cleanly: learners first (they push their residual progress), then the syncer."""
 
     # ----------------------------------------------------------- processes
-    def services(self) -> list[str]:
+    learner_args: dict[int, list[str]]
+
+    def units(self) -> list[str]:
+        """The syncer and the learner units: what a process or a container runs."""
         return ["syncer", *(f"learner-{i}" for i in range(1, self.learners + 1))]
+
+    def ranks_of(self, learner: int) -> int:
+        """Ranks of learner-N's unit: its `--ranks` flag, 1 without one."""
+        args = [str(a) for a in getattr(self, "learner_args", {}).get(learner, [])]
+        for i, arg in enumerate(args):
+            if arg == "--ranks" and i + 1 < len(args):
+                return int(args[i + 1])
+            if arg.startswith("--ranks="):
+                return int(arg.split("=", 1)[1])
+        return 1
+
+    def services(self) -> list[str]:
+        """Every fault target: the units, and each rank of a unit of several."""
+        out = []
+        for unit in self.units():
+            out.append(unit)
+            if unit != "syncer" and (ranks := self.ranks_of(int(unit.split("-", 1)[1]))) > 1:
+                out += [f"{unit}/rank-{r}" for r in range(ranks)]
+        return out
 
     def check_target(self, target: str) -> str:
         if target not in self.services():
@@ -67,10 +89,13 @@ class Cluster(ABC):
         self.check_target(target)
         if target == "syncer":
             raise UnknownTarget("the syncer has no link of its own: name a learner, e.g. 'learner-1'")
+        if "/" in target:
+            raise UnknownTarget(f"{target!r} has no link of its own: only rank 0 talks to the syncer, through "
+                                f"its unit's link {target.split('/', 1)[0]!r}")
         return target
 
     def link_proxies(self) -> list[str]:
-        return [self.link_proxy(s) for s in self.services() if s != "syncer"]
+        return [self.link_proxy(s) for s in self.units() if s != "syncer"]
 
     # ----------------------------------------------------------- networks
     supports_network_partitions = False
@@ -85,10 +110,18 @@ class Cluster(ABC):
 
     def unsupported(self, schedule) -> list[str]:
         """One message per fault of `schedule` this backend cannot apply, naming the field."""
-        if self.supports_network_partitions:
-            return []
-        return [f"faults[{i}].mode: 'network' partitions need the compose backend"
-                for i, f in enumerate(schedule.faults) if getattr(f, "mode", None) == "network"]
+        problems = []
+        known = set(self.services())
+        for i, f in enumerate(schedule.faults):
+            target = getattr(f, "target", None)
+            if isinstance(target, str) and "/rank-" in target and target not in known:
+                unit = target.split("/", 1)[0]
+                ranks = self.ranks_of(int(unit.split("-", 1)[1]))
+                problems.append(f"faults[{i}].target: {unit} runs {ranks} rank(s), so {target!r} does not exist "
+                                f"(give {unit} more with the learner flag --ranks)")
+            if getattr(f, "mode", None) == "network" and not self.supports_network_partitions:
+                problems.append(f"faults[{i}].mode: 'network' partitions need the compose backend")
+        return problems
 
     # ----------------------------------------------------------- healing
     def heal_all(self) -> list[str]:

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 from ..client import NotFound, ToxiproxyClient
-from ..processes import ManagedProcess, Registry
+from ..processes import ManagedProcess, Registry, proc_parent, proc_state, signal_pid
 from .base import Cluster
+from .ranks import published_rank_pid, split_rank, wait_for_rank
 
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 20.0
@@ -135,38 +136,69 @@ class LocalCluster(Cluster):
     def _proc(self, target: str) -> ManagedProcess | None:
         return self.procs.get(self.check_target(target))
 
+    def _rank_pid(self, target: str) -> int | None:
+        """PID of one rank of a running unit, from the file the unit publishes; None if down."""
+        unit, rank = split_rank(self.check_target(target))
+        proc = self.procs.get(unit)
+        if proc is None or not proc.running() or rank is None:
+            return None
+        pid = published_rank_pid(self.run_dir, unit, rank)
+        return pid if pid is not None and proc_parent(pid) == proc.pid else None  # never a recycled PID
+
     def kill(self, target: str) -> None:
+        if split_rank(target)[1] is not None:
+            pid = self._rank_pid(target)
+            if pid is not None:
+                signal_pid(pid, signal.SIGKILL)  # the unit sees it and restarts all its ranks
+            return
         proc = self._proc(target)
         if proc is not None:
             proc.kill()
 
     def pause(self, target: str) -> None:
-        proc = self._proc(target)
-        if proc is not None:
-            proc.signal(signal.SIGSTOP)
+        self._signal(target, signal.SIGSTOP)
 
     def resume(self, target: str) -> None:
+        self._signal(target, signal.SIGCONT)
+
+    def _signal(self, target: str, sig: int) -> None:
+        if split_rank(target)[1] is not None:
+            pid = self._rank_pid(target)
+            if pid is not None:
+                signal_pid(pid, sig)
+            return
         proc = self._proc(target)
         if proc is not None:
-            proc.signal(signal.SIGCONT)
+            proc.signal(sig)  # the process group: a unit's ranks with it
 
     def restart(self, target: str) -> None:
-        proc = self._proc(target)
+        unit, rank = split_rank(self.check_target(target))
+        proc = self.procs.get(unit)
         if proc is not None and proc.running():
+            if rank is not None:  # the unit restarts its ranks itself: wait for it
+                wait_for_rank(lambda: self.is_running(target), target)
             return
-        if target == "syncer":
+        if unit == "syncer":
             self._start_syncer()
         else:
-            self._start_learner(int(target.split("-", 1)[1]))
+            self._start_learner(int(unit.split("-", 1)[1]))
 
     def is_running(self, target: str) -> bool:
+        if split_rank(target)[1] is not None:
+            pid = self._rank_pid(target)
+            return pid is not None and proc_state(pid) not in (None, "Z")
         proc = self._proc(target)
         return proc is not None and proc.running()
 
     def is_paused(self, target: str) -> bool:
+        if split_rank(target)[1] is not None:
+            pid = self._rank_pid(target)
+            return pid is not None and proc_state(pid) == "T"
         proc = self._proc(target)
         return proc is not None and proc.paused()
 
     def pid(self, target: str) -> int | None:
+        if split_rank(target)[1] is not None:
+            return self._rank_pid(target)
         proc = self._proc(target)
         return proc.pid if proc is not None and proc.running() else None
