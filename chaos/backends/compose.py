@@ -16,6 +16,7 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import socket
 import tarfile
 import time
@@ -27,6 +28,7 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 from ..client import NotFound, ToxiproxyClient, Unreachable
 from .base import Cluster, UnknownTarget
 from .compose_cli import ComposeError, ComposeProject, find_compose_file
+from .ranks import SIGNAL_RANK_SCRIPT, published_ranks, split_rank, wait_for_rank
 
 PROJECT_ENV = "ISLANDS_COMPOSE_PROJECT"
 # Not the directory name a hand-run `docker compose up` would use: each start removes what
@@ -298,36 +300,63 @@ class ComposeCluster(Cluster):
             tar.extractall(self.run_dir, filter="data")  # the archive's root folder is `state/`
 
     # ----------------------------------------------------------- processes
+    def _signal_rank(self, target: str, sig: int) -> str | None:
+        """Signal one rank inside its unit's container; its state letter, or None if it is not there."""
+        unit, rank = split_rank(target)
+        c = self._container(unit)
+        info = published_ranks(self.run_dir, unit)
+        if self._state(c) != "running" or info is None or rank >= len(info.get("ranks", [])):
+            return None
+        code, out = c.exec_run(["python3", "-c", SIGNAL_RANK_SCRIPT, str(info["ranks"][rank]),
+                                str(info["supervisor"]), str(int(sig))])
+        return out.decode().strip() if code == 0 else None
+
     @engine_retry
     def kill(self, target: str) -> None:
+        if split_rank(self.check_target(target))[1] is not None:
+            self._signal_rank(target, signal.SIGKILL)  # the unit restarts all its ranks in its container
+            return
         c = self._container(target)
         if self._state(c) in ("running", "paused"):
             c.kill()
 
     @engine_retry
     def pause(self, target: str) -> None:
+        if split_rank(self.check_target(target))[1] is not None:
+            self._signal_rank(target, signal.SIGSTOP)
+            return
         c = self._container(target)
         if self._state(c) == "running":
             c.pause()
 
     @engine_retry
     def resume(self, target: str) -> None:
+        if split_rank(self.check_target(target))[1] is not None:
+            self._signal_rank(target, signal.SIGCONT)
+            return
         c = self._container(target)
         if self._state(c) == "paused":
             c.unpause()
 
     @engine_retry
     def restart(self, target: str) -> None:
-        c = self._container(target)
+        unit, rank = split_rank(self.check_target(target))
+        c = self._container(unit)
         if c is None:
-            raise UnknownTarget(f"{target}: no container in compose project {self.project_name!r}")
+            raise UnknownTarget(f"{unit}: no container in compose project {self.project_name!r}")
         if self._state(c) not in ("running", "paused"):
             c.start()
+        elif rank is not None:  # the unit restarts its ranks itself: wait for it
+            wait_for_rank(lambda: self.is_running(target), target)
 
     def is_running(self, target: str) -> bool:
+        if split_rank(self.check_target(target))[1] is not None:
+            return self._signal_rank(target, 0) not in (None, "Z")
         return self._status(target) in ("running", "paused")
 
     def is_paused(self, target: str) -> bool:
+        if split_rank(self.check_target(target))[1] is not None:
+            return self._signal_rank(target, 0) == "T"
         return self._status(target) == "paused"
 
     # ----------------------------------------------------------- networks

@@ -16,6 +16,24 @@ from trainer.unit import units_file
 
 RANK_RESTART_TIMEOUT = 60.0
 
+# Run inside a unit's container (`python3 -c SCRIPT PID SUPERVISOR SIGNAL`): signal PID only
+# if it is still a child of the unit's supervisor (never a recycled PID), print its state
+# letter; exit 3 if it is not there. Signal 0 only reads the state.
+SIGNAL_RANK_SCRIPT = """
+import os, sys
+pid, parent, sig = map(int, sys.argv[1:4])
+try:
+    stat = open(f"/proc/{pid}/stat").read()
+except OSError:
+    sys.exit(3)
+fields = stat[stat.rindex(")") + 2:].split()
+if int(fields[1]) != parent:
+    sys.exit(3)
+if sig:
+    os.kill(pid, sig)
+print(fields[0])
+"""
+
 
 def split_rank(target: str) -> tuple[str, int | None]:
     """`learner-2/rank-1` -> ("learner-2", 1); a unit or the syncer -> (target, None)."""

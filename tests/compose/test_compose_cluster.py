@@ -15,7 +15,7 @@ from chaos.controller import read_history
 from chaos.runner import wait_until_training
 from trainer.events import read_events
 
-from ..integration.cluster_helpers import wait_for
+from ..integration.cluster_helpers import contributed, wait_for
 from .conftest import FAST_TRAINER_ARGS
 
 pytestmark = [pytest.mark.compose, pytest.mark.integration]
@@ -117,3 +117,38 @@ def test_a_crashed_run_is_healed_and_cleaned_by_the_next(tmp_path: Path) -> None
                  lambda ev: all(contributed_after(i, 0)(ev) for i in (1, 2, 3, 4)), timeout=120)
     finally:
         second.stop()
+
+
+def test_a_single_rank_is_killed_and_paused_inside_its_units_container(tmp_path: Path) -> None:
+    """learner-1 is a unit of 2 ranks in one container: killing rank 1 makes the unit restart
+    both ranks without the container stopping; pausing rank 0 stops only that process."""
+    cluster = ComposeCluster(tmp_path / "run", learners=2, trainer_args=list(FAST_TRAINER_ARGS),
+                             learner_args={1: ["--ranks", "2"]})
+    try:
+        cluster.start()
+        wait_until_training(cluster.run_dir, 2)
+        assert "learner-1/rank-1" in cluster.services()
+        wait_for(cluster.run_dir, "learner-1's rank 1 to start",
+                 lambda ev: any(e["kind"] == "rank_start" and e["learner"] == 1 for e in ev), timeout=60)
+        cluster.pause("learner-1/rank-0")
+        assert cluster.is_paused("learner-1/rank-0") and not cluster.is_paused("learner-1")
+        cluster.resume("learner-1/rank-0")
+        assert not cluster.is_paused("learner-1/rank-0")
+
+        killed = time.monotonic()
+        cluster.kill("learner-1/rank-1")
+        wait_for(cluster.run_dir, "the unit to restart after its rank 1 was killed",
+                 lambda ev: any(e["kind"] == "unit_restart" and e["learner"] == 1 and e["t"] > killed for e in ev),
+                 timeout=30)
+        assert cluster.is_running("learner-1"), "killing one rank must not stop the unit's container"
+        cluster.restart("learner-1/rank-1")  # waits for the unit's next generation
+        assert cluster.is_running("learner-1/rank-1")
+        events = wait_for(cluster.run_dir, "rank 0 of the restarted unit to rejoin",
+                          lambda ev: any(e["kind"] == "join" and e["learner"] == 1 and e["t"] > killed for e in ev),
+                          timeout=60)
+        rejoined = max(e["incarnation"] for e in events if e["kind"] == "join" and e["learner"] == 1)
+        wait_for(cluster.run_dir, f"learner-1 incarnation {rejoined} to contribute a merged update",
+                 lambda ev: contributed(ev, 1, rejoined, killed), timeout=90)
+        assert cluster.heal_all() == [], "nothing should be left to heal"
+    finally:
+        cluster.stop()
