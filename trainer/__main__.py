@@ -62,7 +62,8 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         return run_unit(UnitOptions(args.learner, args.ranks, args.run_dir), lambda r, store: rank_argv(args, r, store))
     from .learner import LearnerOptions, run_learner
     opts = LearnerOptions(learner=args.learner, address=address, run_dir=args.run_dir, max_steps=args.max_steps,
-                          threads=args.threads, speed=args.speed, connect_timeout=args.connect_timeout,
+                          threads=args.threads, speed=args.speed, slowdown=args.slowdown,
+                          connect_timeout=args.connect_timeout,
                           rank=args.rank or 0, ranks=args.ranks, store_file=args.rendezvous,
                           collective_timeout=args.collective_timeout)
     return run_learner(opts, corpus, secret, args.mode)
@@ -72,6 +73,7 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
     """The command line of one rank of a unit: the unit's own flags plus --rank and --rendezvous."""
     argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(args.learner), "--connect", args.connect,
             "--data", args.data, "--mode", args.mode, "--threads", str(args.threads), "--speed", str(args.speed),
+            "--slowdown", args.slowdown,
             "--connect-timeout", str(args.connect_timeout), "--collective-timeout", str(args.collective_timeout),
             "--ranks", str(args.ranks), "--rank", str(rank), "--rendezvous", store]
     for flag, value in (("--run-dir", args.run_dir), ("--max-steps", args.max_steps),
@@ -211,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=positive_int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     p.add_argument("--speed", type=positive_float, default=1.0, help="(0, 1]: artificial slowdown factor")
+    p.add_argument("--slowdown", choices=("sleep", "spin"), default="sleep",
+                   help="how --speed slows the learner: sleep (frees the CPU) or spin (keeps its core busy, "
+                        "as a slower chip would; fair when learners share one machine's CPUs)")
     p.add_argument("--connect-timeout", type=positive_float, default=60.0)
     p.add_argument("--ranks", type=positive_int, default=1,
                    help="ranks in this unit: DDP over gloo inside it, rank 0 talks to the syncer; "

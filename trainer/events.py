@@ -27,7 +27,7 @@ KINDS = {
     "push_duplicate": "the syncer saw a retried (learner, incarnation, seq) and did not apply it again",
     "push_dropped": "the syncer dropped a push (reason: stale)",
     "merge": "the syncer applied an outer step (fragment, version, contributors, tokens, staleness)",
-    "apply": "a learner adopted a global fragment (fragment, version, alpha)",
+    "apply": "a learner adopted a global fragment (fragment, version, alpha, discarded_tokens: unpushed work it overwrote)",
     "join": "a learner incarnation joined (learner, incarnation, rejoin)",
     "leave": "a learner's connection closed",
     "heartbeat_lost": "a learner's lease expired and it was marked dead",

@@ -50,6 +50,7 @@ class LearnerOptions:
     max_steps: int | None = None
     threads: int = 1
     speed: float = 1.0            # < 1 slows this learner down artificially
+    slowdown: str = "sleep"       # how: sleep (frees the CPU) or spin (keeps it busy, like a slower chip)
     connect_timeout: float = 60.0
     drain_timeout: float = DRAIN_TIMEOUT
     rank: int = 0                 # this process's rank in its unit; only rank 0 talks to the syncer
@@ -160,7 +161,7 @@ class Learner:
                                     self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]),
                                     rank=self.group.rank, ranks=self.group.size)
         fields = dict(incarnation=self.incarnation, position=self.sampler.position, threads=self.opts.threads,
-                      speed=self.opts.speed, ranks=self.group.size)
+                      speed=self.opts.speed, slowdown=self.opts.slowdown, ranks=self.group.size)
         if not self.group.leader:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
@@ -179,8 +180,15 @@ class Learner:
         return float(loss.detach()), started
 
     def _throttle(self, compute_s: float) -> None:
-        if self.opts.speed < 1.0:
-            self.stop.wait(compute_s * (1.0 / self.opts.speed - 1.0))
+        if self.opts.speed >= 1.0:
+            return
+        extra = compute_s * (1.0 / self.opts.speed - 1.0)
+        if self.opts.slowdown == "sleep":
+            self.stop.wait(extra)
+            return
+        deadline = time.perf_counter() + extra  # spin: other processes see a busy core, as with a slow chip
+        while time.perf_counter() < deadline and not self.stop.is_set():
+            pass
 
     def run(self) -> int:
         _warm_up_torch(self.opts.threads)
@@ -318,12 +326,14 @@ class Learner:
                 p.mul_(alpha).add_(tensors[name], alpha=1.0 - alpha)
             refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
         # Progress not yet pushed survives only in proportion α; its tokens are weighed alike.
+        discarded = tokens_since[f] - int(alpha * tokens_since[f])
         tokens_since[f] = int(alpha * tokens_since[f])
         steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
         with self._versions_lock:
             self.adopted_versions[f] = version
         self.globals[f] = tensors
-        self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation)
+        self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation,
+                         discarded_tokens=discarded)
         return True
 
     def _report_final_params(self) -> None:
