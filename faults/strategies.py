@@ -19,7 +19,7 @@ hypothesis is imported inside the function, so ``faults`` works without it.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from faults.kinds import DIRECTIONS, KINDS, SYNCER
 from faults.schedule import Schedule
@@ -44,11 +44,14 @@ def schedules(
     max_duration: float = 8.0,
     seed: int | SearchStrategy[int] | None = None,
     include_syncer: bool = True,
+    ranks: Mapping[int, int] | None = None,
 ) -> SearchStrategy[Schedule]:
     """Valid schedules for ``learners`` learners, every fault ending by ``horizon`` s.
 
     ``seed``: a fixed int, a strategy, or None for any 32-bit seed (shrinks to 0).
     ``include_syncer``: whether kill/pause may target the syncer.
+    ``ranks``: learner number -> ranks of its unit; kill/pause may then target a single
+    rank (``learner-N/rank-R``) of a unit of several.
     """
     from hypothesis import strategies as st
 
@@ -71,7 +74,13 @@ def schedules(
     seeds = st.integers(0, 2**32 - 1) if seed is None else st.just(seed) if isinstance(seed, int) else seed
     names = [f"learner-{n}" for n in range(1, learners + 1)]
     learner = st.sampled_from(names)
-    process_targets = names + [SYNCER] if include_syncer else names
+    bad_ranks = {n: r for n, r in (ranks or {}).items()
+                 if not (isinstance(n, int) and 1 <= n <= learners and type(r) is int and r >= 1)}
+    if bad_ranks:
+        raise ValueError(f"ranks must map learner numbers 1..{learners} to integers >= 1, got {bad_ranks}")
+    rank_targets = [f"learner-{n}/rank-{r}" for n, count in sorted((ranks or {}).items()) if count > 1
+                    for r in range(count)]
+    process_targets = names + ([SYNCER] if include_syncer else []) + rank_targets
     direction = st.sampled_from(DIRECTIONS)  # "both" first: the default is the simplest
     toxicity = st.integers(0, 9).map(lambda k: (10 - k) / 10)  # shrinks to 1.0
     millis = lambda lo_ms, hi_ms: st.integers(lo_ms, hi_ms).map(float)  # noqa: E731

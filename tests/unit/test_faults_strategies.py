@@ -158,3 +158,23 @@ def test_faults_works_without_hypothesis() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert result.stdout == "ok\n", result.stderr
+
+
+@QUICK
+@given(schedules(learners=2, kinds=("kill", "pause"), ranks={1: 2}, include_syncer=False))
+def test_rank_targets_only_for_units_of_several_ranks(schedule: Schedule) -> None:
+    assert schedule.validate(learners=2) is schedule
+    for fault in schedule.faults:
+        assert fault.target in {"learner-1", "learner-2", "learner-1/rank-0", "learner-1/rank-1"}
+
+
+def test_a_rank_target_can_be_drawn() -> None:
+    found = find(schedules(learners=2, kinds=("kill",), ranks={1: 2}),
+                 lambda s: any(f.target == "learner-1/rank-1" for f in s.faults), settings=FIND)
+    assert [f.target for f in found.faults] == ["learner-1/rank-1"]
+
+
+@pytest.mark.parametrize("ranks", [{3: 2}, {1: 0}, {1: True}])
+def test_bad_ranks_are_refused(ranks: dict) -> None:
+    with pytest.raises(ValueError, match="ranks must map learner numbers 1..2 to integers >= 1"):
+        schedules(learners=2, ranks=ranks)
