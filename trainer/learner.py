@@ -344,7 +344,7 @@ class Learner:
                 diff = sum(float((self.params[n] - self.globals[f][n]).pow(2).sum()) for n in names) ** 0.5
                 norm = sum(float(self.globals[f][n].pow(2).sum()) for n in names) ** 0.5
                 rows.append({"fragment": f, "version": self.adopted_versions[f],
-                             "drift": diff / norm if norm > 0 else diff})
+                             "drift": diff / norm if norm > 0 else diff, "diff": diff, "norm": norm})
         self.events.emit("final_params", fragments=rows, incarnation=self.incarnation,
                          digest=param_digest(self.params))
 
@@ -360,6 +360,9 @@ class Learner:
                 item = self.queue.peek()
                 if item is not None:
                     self._send_push(item)
+                    # With P fragments a push falls due every H/P steps and the queue is rarely
+                    # empty: pulling only when idle would starve adoption.
+                    self._pull_new_versions()
                     continue
                 now = time.monotonic()
                 if now >= next_beat:
