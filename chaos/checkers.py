@@ -308,6 +308,16 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
+def _model_drift(fragments: list[dict]) -> float | None:
+    """The relative L2 distance of the whole model from the global versions last adopted, from
+    each fragment's absolute `diff` and `norm`; None when a fragment lacks them."""
+    if not fragments or not all("diff" in f and "norm" in f for f in fragments):
+        return None
+    diff = math.sqrt(sum(float(f["diff"]) ** 2 for f in fragments))  # NaN and Inf arrive as strings
+    norm = math.sqrt(sum(float(f["norm"]) ** 2 for f in fragments))
+    return diff / norm if norm > 0 else diff
+
+
 def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 10.0) -> Verdict:
     """After the final heal, every learner still running at the end holds parameters
     within `tolerance` (relative L2) of the global version it last adopted, and that
@@ -315,7 +325,15 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 1
     stopped (a learner that stopped adopting would fall further and further behind).
     Within one round a young model moves up to ~20% of its norm, hence the loose
     default; one that stopped adopting drifts without bound.
-    Read from each learner's `final_params` event at its clean stop."""
+    Read from each learner's `final_params` event at its clean stop.
+
+    The tolerance is calibrated on the whole model, whose norm the LayerNorm gains dominate.
+    With P > 1 fragments (streaming) a fragment without them (an embedding, a projection)
+    has a several times smaller norm, so its own relative drift after the same inner steps
+    is several times larger. When the learner reports each fragment's absolute `diff` and
+    `norm`, the drift judged is therefore the whole model's, sqrt(Σ diff²) / sqrt(Σ norm²),
+    as with P=1 (and identical to it when P=1); otherwise each fragment's `drift`. How long
+    each fragment's version had been superseded is judged per fragment either way."""
     merges = [e for e in view.events if e["kind"] == "merge"]
     if not merges:
         return Verdict("converged", UNKNOWN, "no merges (sync mode, or nothing was merged)")
@@ -323,12 +341,17 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 1
     for e in view.events:
         if e["kind"] == "final_params":
             finals[e["learner"]] = e
-    rows, bad = [], []
+    rows, bad, models = [], [], {}
     for learner in view.learners():
         e = finals.get(learner)
         if e is None:
             rows.append({"learner": learner, "status": "no clean stop"})
             continue
+        whole = _model_drift(e["fragments"])
+        if whole is not None:
+            models[learner] = round(whole, 5)
+            if not whole <= tolerance:
+                bad.append({"learner": learner, "model_drift": models[learner]})
         for frag in e["fragments"]:
             newer = [m["t"] for m in merges if m["fragment"] == frag["fragment"] and m["version"] > frag["version"]
                      and m["t"] <= e["t"]]
@@ -337,14 +360,18 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float = 1
             row = {"learner": learner, "fragment": frag["fragment"], "version": frag["version"],
                    "behind_seconds": round(behind, 3), "drift": round(drift, 5)}
             rows.append(row)
-            if behind > max_behind or not drift <= tolerance:
+            if behind > max_behind or (whole is None and not drift <= tolerance):
                 bad.append(row)
     evidence = {"tolerance": tolerance, "max_behind": max_behind, "learners": rows}
+    if models:
+        evidence["model_drift"] = models
     if bad:
-        return Verdict("converged", FAIL, f"{len(bad)} learner fragment(s) far from the global parameters", evidence)
+        what = "learner fragment(s) or model(s)" if models else "learner fragment(s)"
+        return Verdict("converged", FAIL, f"{len(bad)} {what} far from the global parameters",
+                       {**evidence, "failed": bad})
     if any(r.get("status") for r in rows):
         return Verdict("converged", UNKNOWN, "some learners did not stop cleanly", evidence)
-    worst = max((r["drift"] for r in rows), default=0.0)
+    worst = max(models.values()) if models else max((r["drift"] for r in rows), default=0.0)
     return Verdict("converged", PASS, f"every learner within {worst:.4f} of a global version superseded for at most "
                                       f"{max((r['behind_seconds'] for r in rows), default=0):.1f}s", evidence)
 

@@ -3,7 +3,13 @@
 Registered through the ``pytest11`` entry point ``islands`` (or ``-p chaos.pytest_plugin``).
 
 Options (group "islands chaos"): ``--chaos-backend``, ``--chaos-seed``, ``--chaos-learners``,
-``--chaos-artifacts``.
+``--chaos-artifacts``, ``--chaos-streaming``.
+
+``--chaos-streaming`` runs every chaos cluster with streaming DiLoCo: the trainer args of the
+``cluster`` fixture, of ``@pytest.mark.chaos`` and of the property suites
+(``tests/properties/support.py``) go through ``streaming_trainer_args``, which adds
+``--fragments 4 --encoding int4 --overlap 1`` and rounds H (``--sync-every``) up to a
+multiple of P with tau < H/P. The replay commands and run.json carry the resulting args.
 
 Fixtures:
 
@@ -66,6 +72,14 @@ MARKERS = {
 HEALTH_CHECKS = ("too_slow", "function_scoped_fixture", "data_too_large", "filter_too_much")
 PROFILES = {"ci": 3, "nightly": 200}
 
+# --chaos-streaming: P fragments, 4-bit pseudo-gradients, and tau steps of overlap.
+STREAMING_FRAGMENTS = 4
+STREAMING_OVERLAP = 1
+STREAMING_ENCODING = "int4"
+STREAMING_FLAGS = ("--fragments", "--encoding", "--overlap")
+_SYNC_EVERY_FLAGS = ("--sync-every", "-H")
+_DEFAULT_SYNC_EVERY = 20  # trainer.config.TrainConfig.sync_every (not imported: it pulls in torch)
+
 
 # --------------------------------------------------------------------------- options
 
@@ -76,6 +90,45 @@ class ChaosOptions:
     seed: int | None = None
     learners: int = 3
     artifacts: Path = Path("chaos-artifacts")
+    streaming: bool = False
+
+    def trainer_args(self, args: list[str] | tuple[str, ...] = ()) -> list[str]:
+        """`args` as the clusters of this session get them (with the streaming flags if on)."""
+        return streaming_trainer_args(args) if self.streaming else list(args)
+
+
+def _flag_value(args: list[str], names: tuple[str, ...]) -> tuple[list[str], str | None]:
+    """`args` without any `NAME VALUE` / `NAME=VALUE` of `names`, and the last value given."""
+    kept: list[str] = []
+    value = None
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in names and (eq or i + 1 < len(args)):
+            value = inline if eq else args[i + 1]
+            i += 1 if eq else 2
+            continue
+        kept.append(arg)
+        i += 1
+    return kept, value
+
+
+def streaming_trainer_args(args: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """`args` with streaming DiLoCo on: ``--fragments 4 --encoding int4 --overlap 1`` (replacing
+    any of those already given), and ``--sync-every`` rounded up to a multiple of P large
+    enough that tau < H/P (H=10 becomes 12). Without ``--sync-every`` the trainer's default
+    H=20 already fits and nothing is added."""
+    out = list(args)
+    for flag in STREAMING_FLAGS:
+        out, _ = _flag_value(out, (flag, "-P") if flag == "--fragments" else (flag,))
+    out, given = _flag_value(out, _SYNC_EVERY_FLAGS)
+    p, tau = STREAMING_FRAGMENTS, STREAMING_OVERLAP
+    h = int(given) if given is not None else _DEFAULT_SYNC_EVERY
+    fitted = max(-(-h // p) * p, (tau + 1) * p)  # a multiple of P, with H/P > tau
+    if given is not None or fitted != h:
+        out += ["--sync-every", str(fitted)]
+    return out + ["--fragments", str(p), "--encoding", STREAMING_ENCODING, "--overlap", str(tau)]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,12 +142,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--chaos-artifacts", default="chaos-artifacts", metavar="DIR",
                     help="where a failing chaos test leaves its schedule, history, events and a replay "
                          "command (default: chaos-artifacts)")
+    group.addoption("--chaos-streaming", action="store_true", default=False,
+                    help=f"run the chaos clusters with streaming DiLoCo: P={STREAMING_FRAGMENTS} fragments, "
+                         f"{STREAMING_ENCODING} pseudo-gradients, overlap tau={STREAMING_OVERLAP} (--sync-every "
+                         f"is rounded up to a multiple of P; applies to the cluster fixture, the chaos marker "
+                         f"and the property suites)")
 
 
 def chaos_options_from(config: pytest.Config) -> ChaosOptions:
     artifacts = Path(config.getoption("chaos_artifacts"))
     return ChaosOptions(backend=config.getoption("chaos_backend"), seed=config.getoption("chaos_seed"),
-                        learners=config.getoption("chaos_learners"), artifacts=artifacts)
+                        learners=config.getoption("chaos_learners"), artifacts=artifacts,
+                        streaming=config.getoption("chaos_streaming"))
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
@@ -359,10 +418,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
 
     s = cluster_settings
     run_dir = tmp_path / "run"
+    trainer_args = chaos_options.trainer_args(s.trainer_args)
     _remember(request.node, RunRecord(run_dir, s.learners, chaos_options.backend, s.mode, s.data,
-                                      list(s.trainer_args)))
+                                      list(trainer_args)))
     c = runner.make_cluster(chaos_options.backend, run_dir, s.learners, mode=s.mode, data=s.data,
-                            trainer_args=list(s.trainer_args))
+                            trainer_args=list(trainer_args))
     if getattr(c, "run_dir", None) is None:
         c.run_dir = run_dir
     started = False
@@ -518,7 +578,7 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
     kw = _marker_settings(marker)
     learners = kw.get("learners") or chaos_options.learners
     schedule = _with_seed(_resolve_schedule(kw["schedule"], Path(request.node.path), learners), chaos_options.seed)
-    trainer_args = list(kw.get("trainer_args") or [])
+    trainer_args = chaos_options.trainer_args(kw.get("trainer_args") or [])
     mode = kw.get("mode") or DEFAULT_MODE
     run_dir = tmp_path / "run"
     _remember(request.node, RunRecord(run_dir, learners, chaos_options.backend, mode, DEFAULT_DATA, trainer_args,

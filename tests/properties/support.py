@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from chaos.checkers import FAIL
+from chaos.pytest_plugin import streaming_trainer_args
 from chaos.runner import RunResult, run_schedule
 from faults import Schedule
 
@@ -19,6 +20,52 @@ FAST_TRAINER_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--bat
                      "--sync-every", "10"]
 TAIL_SECONDS = 12.0
 _counter = itertools.count()
+_streaming = False  # set for the session by tests/properties/conftest.py from --chaos-streaming
+
+
+def use_streaming(on: bool) -> None:
+    global _streaming
+    _streaming = bool(on)
+
+
+def suite_trainer_args(*extra: str, streaming: bool | None = None) -> list[str]:
+    """The trainer args of every property-suite cluster: FAST_TRAINER_ARGS, then `extra`; with
+    streaming (`--chaos-streaming` unless `streaming` says otherwise) also P=4 fragments, int4
+    and tau=1, with H rounded up from 10 to 12."""
+    args = [*FAST_TRAINER_ARGS, *extra]
+    on = _streaming if streaming is None else streaming
+    return streaming_trainer_args(args) if on else args
+
+
+def fragment_count(events: list[dict]) -> int:
+    """P, as the syncer announced it in its `process_start` config (1 when it did not)."""
+    for e in events:
+        if e["kind"] == "process_start" and e.get("role") == "syncer":
+            return int((e.get("config") or {}).get("fragments") or 1)
+    return 1
+
+
+def not_rejoined(events: list[dict], since: float, learners: int) -> list[str]:
+    """What stops `learners` from counting as back in sync since `since`: for each learner and
+    fragment, whether a merge after `since` holds one of its pushes, and whether it has adopted
+    (applied) a global version of that fragment since. With P=1 a merged push is followed by
+    its adoption within a round; with P fragments (streaming) one merged push says nothing
+    about the other P-1 fragments, and the learners' final drift (the `converged` check) is
+    measured against the version of each fragment they last adopted."""
+    fragments = range(fragment_count(events))
+    contributed = {(c["learner"], e["fragment"]) for e in events if e["kind"] == "merge" and e["t"] > since
+                   for c in e["contributors"]}
+    adopted = {(e["learner"], e["fragment"]) for e in events if e["kind"] == "apply" and e["t"] > since
+               and e.get("fragment") is not None}
+    gaps = []
+    for learner in range(1, learners + 1):
+        unmerged = [f for f in fragments if (learner, f) not in contributed]
+        unadopted = [f for f in fragments if (learner, f) not in adopted]
+        if unmerged:
+            gaps.append(f"learner-{learner}: no push merged into fragment(s) {unmerged}")
+        if unadopted:
+            gaps.append(f"learner-{learner}: adopted no new version of fragment(s) {unadopted}")
+    return gaps
 
 
 @dataclass
@@ -50,7 +97,7 @@ class Trial:
 def run_trial(schedule: Schedule, base: Path, learners: int, trainer_args: list[str] | None = None,
               env: dict[str, str] | None = None, evaluate: bool = True,
               checker_options: dict | None = None, tail: float = TAIL_SECONDS) -> Trial:
-    args = list(FAST_TRAINER_ARGS if trainer_args is None else trainer_args)
+    args = list(suite_trainer_args() if trainer_args is None else trainer_args)
     run_dir = base / f"trial-{next(_counter):03d}"
     result = run_schedule(schedule, run_dir, learners=learners, duration=schedule.horizon + tail,
                           trainer_args=args, evaluate=evaluate, checker_options=checker_options)

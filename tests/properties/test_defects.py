@@ -20,21 +20,22 @@ from hypothesis import HealthCheck, Phase, given, settings
 from faults import Schedule
 from faults.strategies import schedules
 
-from .support import FAST_TRAINER_ARGS, Trial, run_trial, save_artifacts
+from .support import Trial, run_trial, save_artifacts, suite_trainer_args
 from .test_syncer_crash import syncer_crashes
 
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 RUN_BUDGETS = {"ack_before_durable": 6, "double_apply": 12}  # live runs per search, shrinking included
 
+# defect -> (the check that must fail, trainer args on top of the suite's, schedules)
 CASES = {
     # The syncer-crash suite: a SIGKILL loses what the syncer acknowledged but had not
     # made durable.
-    "ack_before_durable": ("no_lost_acks", FAST_TRAINER_ARGS, syncer_crashes()),
+    "ack_before_durable": ("no_lost_acks", (), syncer_crashes()),
     # Faults on the syncer -> learner stream: a push gets through, its acknowledgement does
     # not, and the retry is merged again. Retries only reach the syncer if it does not drop
     # them as stale first, hence the generous staleness bound.
-    "double_apply": ("no_double_apply", FAST_TRAINER_ARGS + ["--max-staleness", "1000"],
+    "double_apply": ("no_double_apply", ("--max-staleness", "1000"),
                      schedules(learners=2, kinds=("partition", "latency"), max_faults=3,
                                horizon=6.0, min_duration=1.0, max_duration=4.0).map(lambda s: downstream_only(s))),
 }
@@ -82,7 +83,8 @@ def search(defect: str, check: str, trainer_args: list[str], strategy, base: Pat
 def test_property_suite_finds_and_shrinks_the_defect(defect: str, tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch,
                                                      request: pytest.FixtureRequest) -> None:
-    check, trainer_args, strategy = CASES[defect]
+    check, extra_args, strategy = CASES[defect]
+    trainer_args = suite_trainer_args(*extra_args)  # with the streaming flags under --chaos-streaming
     monkeypatch.setenv("ISLANDS_SYNCER_DEFECT", defect)
     failures, runs = search(defect, check, trainer_args, strategy, tmp_path)
     assert failures, f"{runs} runs against a syncer with {defect!r} never made {check} fail"

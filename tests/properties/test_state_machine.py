@@ -3,7 +3,8 @@
 Each rule applies one fault through the controller and heals it; after every rule the
 safety invariants must hold on everything recorded so far (versions only rise, no
 update applied twice, nothing non-finite, merges keep coming). At the end every learner
-must contribute again, no acknowledged push may be lost, and learners converge.
+must contribute to, and adopt, every fragment again, no acknowledged push may be lost,
+and learners converge.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from chaos.runner import make_cluster, wait_until_training
 from faults import Kill, Latency, Partition, Pause, Schedule
 from trainer.events import read_events
 
-from .support import FAST_TRAINER_ARGS
+from .support import not_rejoined, suite_trainer_args
 
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 LEARNERS = 3
@@ -40,7 +41,8 @@ class ChaosMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.run_dir = Path(tempfile.mkdtemp(prefix="islands-machine-"))
-        self.cluster = make_cluster("local", self.run_dir, LEARNERS, "decoupled", "markov", FAST_TRAINER_ARGS)
+        self.cluster = make_cluster("local", self.run_dir, LEARNERS, "decoupled", "markov",
+                                    suite_trainer_args())
         self.cluster.start()
         wait_until_training(self.run_dir, LEARNERS)
         self.history = History(self.run_dir / HISTORY_FILE)
@@ -99,13 +101,12 @@ class ChaosMachine(RuleBasedStateMachine):
             healed_at = time.monotonic()
             self.cluster.heal_all()
             deadline = healed_at + REJOIN_TIMEOUT
-            missing: set[int] = set(range(1, LEARNERS + 1))
+            # Every learner pushes into, and adopts, every fragment again (P of them with streaming).
+            missing = not_rejoined(read_events(self.run_dir), healed_at, LEARNERS)
             while missing and time.monotonic() < deadline:
-                for e in read_events(self.run_dir):
-                    if e["kind"] == "merge" and e["t"] > healed_at:
-                        missing -= {c["learner"] for c in e["contributors"]}
                 time.sleep(0.25)
-            assert not missing, f"learner(s) {sorted(missing)} did not contribute within {REJOIN_TIMEOUT}s of healing"
+                missing = not_rejoined(read_events(self.run_dir), healed_at, LEARNERS)
+            assert not missing, f"not back in sync {REJOIN_TIMEOUT}s after healing: {'; '.join(missing)}"
         finally:
             self.cluster.stop()
             self.history.close()

@@ -839,6 +839,92 @@ def test_converged_fails_on_a_nan_drift_as_written_to_the_event_log():
     assert check_converged(view(events)).status == FAIL
 
 
+def _streamed_params(t: float, learner: int, rows: list[tuple[int, int, float, float]]) -> dict:
+    """`final_params` of a learner that reports absolute numbers: rows of (fragment, version, diff, norm)."""
+    def drift(d, n):
+        return float(d) / float(n) if float(n) > 0 else float(d)
+    return ev(t, "final_params", learner=learner, incarnation=1,
+              fragments=[{"fragment": f, "version": v, "drift": drift(d, n), "diff": d, "norm": n}
+                         for f, v, d, n in rows])
+
+
+# The global fragment norms of a P=4 run (tests/properties, --chaos-streaming, after 4 syncer
+# kills): the embedding (0), the projections (1, 3) and the LayerNorm gains with the biases (2).
+STREAMED_NORMS = {0: 25.24, 1: 4.89, 2: 13.81, 3: 6.87}
+
+
+def _streamed_run(drifts: dict[int, dict[int, float]], adopted: dict[int, dict[int, int]] | None = None):
+    """_converged_run with P=4 and absolute numbers: learner -> {fragment: relative drift}."""
+    events = training(40.0, fragments=4)
+    latest = latest_versions(events, 41.0)
+    for i in (1, 2, 3):
+        versions = {**latest, **(adopted or {}).get(i, {})}
+        d = drifts.get(i, {})
+        events.append(_streamed_params(41.0, i, [(f, versions[f], d.get(f, 0.01) * STREAMED_NORMS[f],
+                                                  STREAMED_NORMS[f]) for f in range(4)]))
+    return events
+
+
+def test_converged_judges_the_whole_model_when_fragments_report_diff_and_norm():
+    """From a real P=4 run: learner-3's small-norm fragment 3 drifted 0.698 of its own norm within a
+    few rounds, but the model only 0.169 of its norm (P=1 would have seen that): pass. Per-fragment
+    drift alone would have failed it."""
+    drifts = {3: {0: 0.032, 1: 0.181, 2: 0.082, 3: 0.698}, 2: {0: 0.401, 1: 0.034, 2: 0.066, 3: 0.462}}
+    events = _streamed_run(drifts)
+    verdict = check_converged(view(events), tolerance=0.5)
+    assert verdict.status == PASS, verdict.evidence
+    assert verdict.evidence["model_drift"][3] == pytest.approx(0.169, abs=0.001)
+    assert verdict.evidence["model_drift"][2] == pytest.approx(0.355, abs=0.001)
+    assert max(r["drift"] for r in verdict.evidence["learners"]) == pytest.approx(0.698)
+    without_norms = json.loads(json.dumps(events))
+    for e in without_norms:
+        for row in e.get("fragments", []):
+            row.pop("norm")
+    assert check_converged(view(without_norms), tolerance=0.5).status == FAIL  # per fragment: 0.698 > 0.5
+
+
+def test_converged_fails_a_model_that_drifted_and_names_it():
+    """From the same runs: learner-1 had not adopted fragments 0 and 1 since a 26 s outage (22x and 4x
+    their norms): the model is 18.8 of its norm away. Fail, naming the learner."""
+    drifts = {1: {0: 22.323, 1: 3.99, 2: 0.021, 3: 0.047}}
+    verdict = check_converged(view(_streamed_run(drifts)), tolerance=0.5, max_behind=1e9)
+    assert verdict.status == FAIL
+    assert verdict.evidence["failed"] == [{"learner": 1, "model_drift": pytest.approx(18.8, abs=0.1)}]
+    assert "1 learner fragment(s) or model(s)" in verdict.detail
+
+
+def test_converged_still_judges_how_long_each_fragment_was_superseded():
+    """A small model drift does not excuse a fragment that stopped being adopted."""
+    verdict = check_converged(view(_streamed_run({}, adopted={2: {1: 1}})), max_behind=10.0)
+    assert verdict.status == FAIL
+    assert [(r["learner"], r["fragment"]) for r in verdict.evidence["failed"]] == [(2, 1)]
+
+
+def test_converged_model_drift_with_one_fragment_is_its_drift():
+    """P=1: sqrt(diff²)/sqrt(norm²) is the fragment's own drift, so nothing changes."""
+    for d in (0.3, 0.7):
+        events = training(40.0)
+        latest = latest_versions(events, 41.0)
+        with_norms = [e for e in events if e["kind"] != "final_params"]
+        with_norms += [_streamed_params(41.0, i, [(0, latest[0], d * 9.8, 9.8), (1, latest[1], d * 9.8, 9.8)])
+                       for i in (1, 2, 3)]
+        plain = [e for e in events if e["kind"] != "final_params"]
+        plain += [final_params(41.0, i, [(0, latest[0], d), (1, latest[1], d)]) for i in (1, 2, 3)]
+        a, b = check_converged(view(with_norms)), check_converged(view(plain))
+        assert a.status == b.status == (PASS if d < 0.5 else FAIL)
+
+
+def test_converged_model_drift_nan_fails_and_a_missing_norm_falls_back_to_fragments():
+    events = json.loads(json.dumps(_streamed_run({})))
+    nan = json.loads(json.dumps(events))
+    nan[-1]["fragments"][2]["diff"] = "nan"  # as the event log writes it
+    assert check_converged(view(nan)).status == FAIL
+    partial = json.loads(json.dumps(events))
+    del partial[-1]["fragments"][0]["norm"]
+    verdict = check_converged(view(partial))
+    assert verdict.status == PASS and 3 not in verdict.evidence["model_drift"]
+
+
 # --------------------------------------------------------------------------- final_loss
 
 

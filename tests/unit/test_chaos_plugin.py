@@ -113,7 +113,7 @@ def test_options_are_listed_in_help(pytester: pytest.Pytester) -> None:
     result = run_inner(pytester, "--help")
     out = result.stdout.str()
     assert "islands chaos" in out
-    for option in ("--chaos-backend", "--chaos-seed", "--chaos-learners", "--chaos-artifacts"):
+    for option in ("--chaos-backend", "--chaos-seed", "--chaos-learners", "--chaos-artifacts", "--chaos-streaming"):
         assert option in out, option
 
 
@@ -447,7 +447,7 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     assert out == tmp_path / "run-replay-1"
     assert schedule.seed == 9 and schedule.faults == Schedule.load(run_dir / "schedule.yaml").faults
     assert kwargs == {"backend": "local", "learners": 2, "duration": 12.5, "mode": "sync", "data": "markov",
-                      "trainer_args": ["--grace", "1"]}
+                      "trainer_args": ["--grace", "1"], "learner_args": {}}
     printed = capsys.readouterr().out
     assert "verdict: PASS" in printed and "PASS    progress" in printed
 
@@ -466,4 +466,103 @@ def test_replay_rejects_a_bad_run_json(tmp_path: Path) -> None:
         load_recorded(run_dir)
     (run_dir / "run.json").write_text("{not json")
     with pytest.raises(ReplayError, match="not valid JSON"):
+        load_recorded(run_dir)
+
+
+# --------------------------------------------------------------------------- --chaos-streaming
+
+
+STREAMING = ["--fragments", "4", "--encoding", "int4", "--overlap", "1"]
+
+
+def _train_config(args: list[str]):
+    """`args` as the syncer reads them (argparse errors exit, like the real process)."""
+    import argparse
+
+    from trainer.cli_args import add_common_args, add_syncer_args, add_train_args, train_config
+
+    parser = argparse.ArgumentParser()
+    add_common_args(parser)
+    add_train_args(parser)
+    add_syncer_args(parser)
+    return train_config(parser.parse_args(args), parser, num_learners=3)
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ([], STREAMING),  # the trainer's default H=20 already fits P=4, tau=1
+    (["--sync-every", "10"], ["--sync-every", "12", *STREAMING]),
+    (["--sync-every=12", "--grace", "1"], ["--grace", "1", "--sync-every", "12", *STREAMING]),
+    (["-H", "2"], ["--sync-every", "8", *STREAMING]),  # tau=1 needs H/P >= 2
+    (["--fragments", "2", "-P", "5", "--encoding", "fp32", "--overlap=3", "--n-layer", "1", "-H", "20"],
+     ["--n-layer", "1", "--sync-every", "20", *STREAMING]),  # streaming flags replace the ones given
+])
+def test_streaming_trainer_args(given: list[str], expected: list[str]) -> None:
+    assert plugin.streaming_trainer_args(given) == expected
+    assert plugin.streaming_trainer_args(tuple(given)) == expected
+    config = _train_config(expected)
+    assert (config.fragments, config.encoding, config.overlap) == (4, "int4", 1)
+    assert config.sync_every % 4 == 0 and config.overlap < config.sync_every // 4
+
+
+def test_streaming_default_h_matches_the_trainer() -> None:
+    from trainer.config import TrainConfig
+
+    assert plugin._DEFAULT_SYNC_EVERY == TrainConfig.sync_every
+
+
+def test_streaming_option_is_in_help_and_off_by_default(pytester: pytest.Pytester) -> None:
+    out = run_inner(pytester, "--help").stdout.str()
+    assert "--chaos-streaming" in out and "int4" in out
+    pytester.makepyfile(test_opt="""
+        def test_streaming(chaos_options, pytestconfig):
+            on = pytestconfig.getoption("chaos_streaming")
+            assert chaos_options.streaming is on
+            assert chaos_options.trainer_args(["-H", "10"]) == (
+                ["--sync-every", "12", "--fragments", "4", "--encoding", "int4", "--overlap", "1"] if on else ["-H", "10"])
+    """)
+    run_inner(pytester).assert_outcomes(passed=1)
+    run_inner(pytester, "--chaos-streaming").assert_outcomes(passed=1)
+
+
+def test_streaming_reaches_the_marker_the_cluster_fixture_and_the_replay_command(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(FAKES)
+    pytester.path.joinpath("failing.yaml").write_text(FAILING)
+    pytester.makepyfile(test_streamed="""
+        import pytest
+        import conftest
+
+        STREAMING = ["--fragments", "4", "--encoding", "int4", "--overlap", "1"]
+
+        @pytest.mark.chaos(schedule="failing.yaml", learners=2, trainer_args=["--sync-every", "10"])
+        def test_marked():
+            pass
+
+        def test_cluster(cluster, chaos):
+            assert chaos.record.trainer_args == STREAMING
+
+        def test_the_fake_got_the_streaming_args():
+            call, = conftest.CALLS
+            assert call["trainer_args"] == ["--sync-every", "12", *STREAMING]
+    """)
+    artifacts = pytester.path / "arts"
+    result = run_inner(pytester, "--chaos-artifacts", str(artifacts), "--chaos-streaming", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    dest = artifacts / plugin.sanitize_nodeid("test_streamed.py::test_marked")
+    command = (f"python -m chaos run {dest / 'schedule.yaml'} --backend local --learners 2 -- --sync-every 12 "
+               "--fragments 4 --encoding int4 --overlap 1")
+    assert command in result.stdout.str()
+    assert load_recorded(dest).trainer_args == ["--sync-every", "12", *STREAMING]
+
+
+
+def test_replay_keeps_the_recorded_learner_flags(tmp_path: Path) -> None:
+    from chaos.replay import load_recorded
+    run_dir = write_run_dir(tmp_path / "run", learner_args={"1": ["--ranks", "2"]})
+    assert load_recorded(run_dir).learner_args == {1: ["--ranks", "2"]}
+
+
+def test_replay_refuses_bad_learner_flags_naming_the_field(tmp_path: Path) -> None:
+    from chaos.replay import ReplayError, load_recorded
+    run_dir = write_run_dir(tmp_path / "run", learner_args={"one": ["--ranks", "2"]})
+    with pytest.raises(ReplayError, match="learner_args: expected an object of learner number to a list"):
         load_recorded(run_dir)

@@ -1,0 +1,14 @@
+"""The property suites' session settings: --chaos-streaming switches every cluster they start
+(through support.suite_trainer_args) to streaming DiLoCo."""
+from __future__ import annotations
+
+import pytest
+
+from . import support
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _streaming(chaos_options):
+    support.use_streaming(chaos_options.streaming)
+    yield
+    support.use_streaming(False)
