@@ -229,6 +229,7 @@ class RunRecord:
     duration: float | None = None
     env: dict[str, str] = field(default_factory=dict)  # environment the replay needs, if any
     artifacts: Path | None = None  # set once written
+    ranks: int = 1  # ranks of every learner unit (`chaos run --ranks`)
 
     def run_json(self) -> dict:
         """The keys `chaos.runner.run_schedule` writes into run.json, read by `chaos replay`."""
@@ -242,6 +243,8 @@ class RunRecord:
                "seed": self.schedule.seed if self.schedule is not None else None, "duration": duration}
         if self.env:
             out["env"] = dict(self.env)  # `chaos replay` sets these for the replayed cluster
+        if self.ranks > 1:
+            out["learner_args"] = {str(i): ["--ranks", str(self.ranks)] for i in range(1, self.learners + 1)}
         return out
 
 
@@ -257,6 +260,8 @@ def replay_command(schedule_path: Path | str, record: RunRecord) -> str:
     """The one command line that reruns `record` from a schedule file."""
     argv = ["python", "-m", "chaos", "run", str(schedule_path), "--backend", record.backend,
             "--learners", str(record.learners)]
+    if record.ranks > 1:
+        argv += ["--ranks", str(record.ranks)]
     if record.mode != DEFAULT_MODE:
         argv += ["--mode", record.mode]
     if record.data != DEFAULT_DATA:
@@ -357,6 +362,18 @@ def write_artifacts(config: pytest.Config, nodeid: str, record: RunRecord, why: 
     return command
 
 
+def _uniform_ranks(learner_args: object) -> int:
+    """R when run.json's learner flags give every learner `--ranks R` (what `chaos run --ranks` does)."""
+    if not isinstance(learner_args, dict) or not learner_args:
+        return 1
+    found = {tuple(v[v.index("--ranks"):v.index("--ranks") + 2]) if isinstance(v, list) and "--ranks" in v else None
+             for v in learner_args.values()}
+    if len(found) != 1 or None in found:
+        return 1
+    (flag,) = found
+    return int(flag[1]) if len(flag) == 2 and str(flag[1]).isdigit() else 1
+
+
 def _run_json(run_dir: Path) -> dict:
     try:
         found = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -381,7 +398,8 @@ def record_failure_artifacts(request: pytest.FixtureRequest, run_dir: str | Path
     record = RunRecord(run_dir, learners, backend or found.get("backend") or chaos_options_from(request.config).backend,
                        mode or found.get("mode") or DEFAULT_MODE, data or found.get("data") or DEFAULT_DATA,
                        list(trainer_args if trainer_args is not None else found.get("trainer_args") or []),
-                       schedule, duration if duration is not None else found.get("duration"), env=dict(env or {}))
+                       schedule, duration if duration is not None else found.get("duration"), env=dict(env or {}),
+                       ranks=_uniform_ranks(found.get("learner_args")))
     _remember(node, record)
     return _artifacts_root(request.config) / sanitize_nodeid(node.nodeid)
 

@@ -77,6 +77,7 @@ class Trial:
     learners: int
     trainer_args: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    ranks: int = 1
 
     def failed(self, *checks: str) -> list[str]:
         names = {v.name for v in self.result.verdicts if v.status == FAIL}
@@ -85,7 +86,8 @@ class Trial:
     def replay_command(self, schedule_path: Path | None = None) -> str:
         path = schedule_path or self.result.run_dir / "schedule.yaml"
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
-        cmd = (f"python -m chaos run {shlex.quote(str(path))} --backend local --learners {self.learners}"
+        ranks = f" --ranks {self.ranks}" if self.ranks > 1 else ""
+        cmd = (f"python -m chaos run {shlex.quote(str(path))} --backend local --learners {self.learners}{ranks}"
                f" -- {shlex.join(self.trainer_args)}")
         return f"{env} {cmd}".strip()
 
@@ -96,12 +98,15 @@ class Trial:
 
 def run_trial(schedule: Schedule, base: Path, learners: int, trainer_args: list[str] | None = None,
               env: dict[str, str] | None = None, evaluate: bool = True,
-              checker_options: dict | None = None, tail: float = TAIL_SECONDS) -> Trial:
+              checker_options: dict | None = None, tail: float = TAIL_SECONDS, ranks: int = 1) -> Trial:
+    """One schedule against a fresh local cluster; `ranks` > 1 makes every learner a unit of that many."""
     args = list(suite_trainer_args() if trainer_args is None else trainer_args)
     run_dir = base / f"trial-{next(_counter):03d}"
+    learner_args = {i: ["--ranks", str(ranks)] for i in range(1, learners + 1)} if ranks > 1 else None
     result = run_schedule(schedule, run_dir, learners=learners, duration=schedule.horizon + tail,
-                          trainer_args=args, evaluate=evaluate, checker_options=checker_options)
-    return Trial(schedule, result, learners, args, dict(env or {}))
+                          trainer_args=args, evaluate=evaluate, checker_options=checker_options,
+                          learner_args=learner_args)
+    return Trial(schedule, result, learners, args, dict(env or {}), ranks)
 
 
 def save_artifacts(config, nodeid: str, trial: Trial) -> Path:

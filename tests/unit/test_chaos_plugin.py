@@ -566,3 +566,14 @@ def test_replay_refuses_bad_learner_flags_naming_the_field(tmp_path: Path) -> No
     run_dir = write_run_dir(tmp_path / "run", learner_args={"one": ["--ranks", "2"]})
     with pytest.raises(ReplayError, match="learner_args: expected an object of learner number to a list"):
         load_recorded(run_dir)
+
+
+def test_replay_command_of_units_of_several_ranks() -> None:
+    from chaos.pytest_plugin import RunRecord, _uniform_ranks, replay_command
+    record = RunRecord(Path("/r"), 2, ranks=2)
+    assert "--learners 2 --ranks 2" in replay_command("s.yaml", record)
+    assert record.run_json()["learner_args"] == {"1": ["--ranks", "2"], "2": ["--ranks", "2"]}
+    assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--ranks", "3"]}) == 3
+    assert _uniform_ranks({"1": ["--ranks", "3"]}) == 3
+    assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--threads", "1"]}) == 1
+    assert _uniform_ranks(None) == 1
