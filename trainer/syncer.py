@@ -743,6 +743,13 @@ class Syncer:
             frag.pending = taken + frag.pending  # nothing was committed: keep them pending
             frag.merging.difference_update(c.ident for c in contribs)
             raise
+        # Past the commit point (the fragment file's ledger holds every id) the pending files
+        # are redundant, and recovery drops any left; deleting N of them is kept off the lock.
+        for p in taken:
+            try:
+                p.path.unlink(missing_ok=True)
+            except OSError:
+                pass
         self.cond.acquire()
         frag.params, frag.momentum = params, momentum
         frag.accum, frag.accum_count = accum, accum_count
@@ -751,8 +758,6 @@ class Syncer:
         frag.applied = applied
         frag.applied_set.update(c.ident for c in contribs)
         frag.merging.difference_update(c.ident for c in contribs)
-        for p in taken:
-            p.path.unlink(missing_ok=True)
         self.counters["merges"] += 1
         self.events.emit(
             "merge", fragment=frag.spec.index, version=version, reason=reason,
