@@ -43,6 +43,14 @@ Events (RUN_DIR/events/torchft-N.jsonl, Islands' schema, learner=N):
                  overwrote (e.g. it restarted while every other group was paused). Net merged
                  tokens = Σ merge tokens − Σ retracted_tokens (torchft_cluster.net_merged_tokens).
   process_stop   reason (signal, duration, max_steps, "signal during sync", error: ...), steps
+
+With --final-params-dir DIR the group keeps an in-memory copy of the parameters right after
+each committed sync (the global parameters of that quorum: torchft's DiLoCo has restored
+the backup, applied the outer step and, with fragment_update_alpha 0, left them in the
+model) and, when it stops (SIGTERM/SIGINT, --duration, --max-steps, or an error), writes
+{"params", "manager_step", "step", "incarnation", "participants"} to DIR/group-N.pt with
+torch.save. A SIGKILLed incarnation writes nothing; the next one overwrites the file when it stops.
+bench/goodput.py evaluates the newest one (highest manager_step) with trainer.launch.evaluate.
 """
 from __future__ import annotations
 
@@ -96,6 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init-sync", action="store_true",
                    help="torchft init_sync: copy weights at step 0 (not needed: the seed makes them equal)")
     p.add_argument("--log-level", default="INFO", help="torchft's own logging (quorums, heals) to stderr")
+    p.add_argument("--final-params-dir", default=None,
+                   help="on stopping, torch.save the parameters of the last committed sync to DIR/group-N.pt")
     p.add_argument("--spawned-at", type=float, default=None,
                    help="time.monotonic() when the launcher spawned this process (start-up is measured from it)")
     add_train_args(p)
@@ -230,6 +240,20 @@ def _tensor_bytes(obj) -> int:
     return 0
 
 
+def save_final(folder: str | None, group: int, committed: dict | None) -> None:
+    """Write the last committed global parameters (see --final-params-dir); never raises."""
+    if not folder or not committed:
+        return
+    path = Path(folder) / f"group-{group}.pt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        torch.save(committed, tmp)
+        os.replace(tmp, path)
+    except Exception as exc:  # noqa: BLE001 - stopping must go on
+        print(f"--final-params-dir: could not write {path}: {_short(exc)}", file=sys.stderr, flush=True)
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = args.train
     group = args.replica_group
@@ -246,6 +270,7 @@ def run(args: argparse.Namespace) -> int:
         # Blocked in a sync (a quorum can wait up to --quorum-timeout): nothing there is
         # worth saving (uncommitted), so leave now. A second signal always leaves at once.
         if in_sync.is_set() or signals["count"] > 1:
+            save_final(args.final_params_dir, group, box.get("committed"))
             if "events" in box:
                 reason = "signal during sync" if in_sync.is_set() else "second signal"
                 box["events"].emit("process_stop", role="learner", system="torchft", reason=reason,
@@ -389,6 +414,11 @@ def run(args: argparse.Namespace) -> int:
                                 contributors=[{"learner": group, "incarnation": state.incarnation,
                                                "tokens": useful, "steps": steps_since}],
                                 tokens=useful, fragment_share=1.0, healed=probe.healed, **sync)
+                    if args.final_params_dir:  # the global parameters of this commit (module docstring)
+                        box["committed"] = {
+                            "params": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                            "manager_step": manager.current_step(), "step": step,
+                            "incarnation": state.incarnation, "participants": probe.participants}
                     if (probe.participants or 0) > 1:
                         solo_tokens = []
                     elif useful:
@@ -402,6 +432,7 @@ def run(args: argparse.Namespace) -> int:
         reason, code = f"error: {_short(exc)}", ERROR_EXIT
         print(f"torchft-{group}: {reason}", file=sys.stderr, flush=True)
     state.save(sampler.position)
+    save_final(args.final_params_dir, group, box.get("committed"))
     events.emit("process_stop", role="learner", system="torchft", reason=reason, steps=step,
                 incarnation=state.incarnation, manager_step=manager.current_step(),
                 unsynced_tokens=tokens_since)
