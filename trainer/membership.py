@@ -21,6 +21,7 @@ class Member:
     last_seen: float = 0.0
     conn: int | None = None  # id of the connection that currently speaks for it
     busy: bool = False       # waiting in a sync barrier: its lease is held by the request
+    finished: bool = False   # said BYE: stopped cleanly, its last pushes may still be merging
 
     def persistent(self) -> dict:
         return {"nonce": self.nonce, "incarnation": self.incarnation,
@@ -59,7 +60,7 @@ class Membership:
         if not reconnect:
             m.incarnation += 1
             m.nonce = nonce
-        m.alive, m.last_seen, m.conn, m.busy = True, now, conn, False
+        m.alive, m.last_seen, m.conn, m.busy, m.finished = True, now, conn, False, False
         return JoinResult(m.incarnation, rejoin, reconnect)
 
     def current(self, learner: int, conn: int) -> Member | None:
@@ -92,6 +93,15 @@ class Membership:
 
     def alive(self) -> list[Member]:
         return [m for m in self.members.values() if m.alive]
+
+    def finish(self, m: Member) -> None:
+        m.finished = True
+
+    def weighed(self) -> list[Member]:
+        """Who counts in a merge's weight denominator: the live, and those that stopped
+        cleanly (a BYE is not a failure: without them the last learner's final pushes would
+        each merge alone at full weight, and add up)."""
+        return [m for m in self.members.values() if m.alive or m.finished]
 
     def persistent(self) -> dict:
         return {str(k): m.persistent() for k, m in sorted(self.members.items())}

@@ -458,6 +458,10 @@ class Syncer:
         return self._reply(wire.BEAT, header)
 
     def _on_bye(self, frame: wire.Frame, learner: int) -> bytes:
+        with self.cond:
+            m = self.members.members.get(learner)
+            if m is not None:
+                self.members.finish(m)
         return self._reply(wire.ACK, {"status": "bye"})
 
     def _on_pull(self, frame: wire.Frame, learner: int) -> bytes:
@@ -703,7 +707,7 @@ class Syncer:
         frag.pending = []
         contribs = [p.contribution for p in taken]
         frag.merging.update(c.ident for c in contribs)
-        live = len(self.members.alive())
+        live = len(self.members.weighed())
         expected = float(live * self.train.sync_every * self.train.tokens_per_step)
         policy = self.cfg.staleness_policy
         staleness = [frag.version - c.base_version for c in contribs]
