@@ -92,7 +92,7 @@ MODEL_FLAGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-siz
 #   phase (solo merges at half weight). Sync DP waits for every learner at every step.
 # `-- --outer-lr 0.7 --outer-momentum 0.9 --grace 0.5` restores the trainer's defaults.
 SYNCER_FLAGS = ["--outer-lr", "1.0", "--outer-momentum", "0", "--grace", "5"]
-ARM_FLAGS = {"--mode", "--fragments", "-P", "--encoding", "--overlap", "--sync-every", "-H"}
+ARM_FLAGS = {"--mode", "--fragments", "-P", "--encoding", "--pull-encoding", "--overlap", "--sync-every", "-H"}
 OWN_FLAGS = ARM_FLAGS | {"--seed"}  # --seed is this script's (--repeats runs seed, seed+1, ...)
 # N=2: with N=4 on two cores the same token budget gives each learner half the steps, so
 # S/H halves and the one-off download of the initial parameters (4 B/param per learner)
@@ -111,8 +111,14 @@ class Arm:
     flags: tuple[str, ...]  # trainer flags that define the arm
 
 
-def build_arms(learners: int, steps: int, sync_every: int) -> list[Arm]:
-    """The four arms with one token budget: learners x steps inner steps of one batch."""
+# Issue 7's bytes-per-token set, run only when named in --arms: plain DiLoCo at H=50,
+# decoupled at H=100 with int8 pushes, and streaming with bf16 pulls as well.
+EXTRA_ARMS = ("diloco-h50-fp32", "decoupled-h100-int8", "streaming-p4-int4-bf16")
+
+
+def build_arms(learners: int, steps: int, sync_every: int, extra: bool = False) -> list[Arm]:
+    """The four arms with one token budget: learners x steps inner steps of one batch
+    (and with `extra` the EXTRA_ARMS, on the same budget)."""
     if sync_every % 4:
         raise ValueError(f"--sync-every: {sync_every} must be divisible by 4 (P=4 fragments)")
     if sync_every // 4 <= 1:
@@ -125,7 +131,15 @@ def build_arms(learners: int, steps: int, sync_every: int) -> list[Arm]:
             ("--mode", "decoupled", *h, "--fragments", "1", "--encoding", "fp32", "--overlap", "0")),
         Arm(TARGET, "decoupled", learners, steps,
             ("--mode", "decoupled", *h, "--fragments", "4", "--encoding", "int4", "--overlap", "1")),
-    ]
+    ] + ([
+        Arm(EXTRA_ARMS[0], "decoupled", learners, steps,
+            ("--mode", "decoupled", "--sync-every", "50", "--fragments", "1", "--encoding", "fp32", "--overlap", "0")),
+        Arm(EXTRA_ARMS[1], "decoupled", learners, steps,
+            ("--mode", "decoupled", "--sync-every", "100", "--fragments", "1", "--encoding", "int8", "--overlap", "0")),
+        Arm(EXTRA_ARMS[2], "decoupled", learners, steps,
+            ("--mode", "decoupled", *h, "--fragments", "4", "--encoding", "int4", "--overlap", "1",
+             "--pull-encoding", "bf16")),
+    ] if extra else [])
 
 
 def check_passthrough(flags: list[str]) -> None:
@@ -464,9 +478,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         parser.error("--learners, --steps and --repeats must be >= 1")
     try:
         check_passthrough(passthrough)
-        arms = build_arms(args.learners, args.steps, args.sync_every)
+        arms = build_arms(args.learners, args.steps, args.sync_every, extra=True)
     except ValueError as exc:
         parser.error(str(exc))
+    unknown = sorted(set((args.arms or "").split(",")) - {a.name for a in arms} - {""})
+    if unknown:
+        parser.error(f"--arms: unknown arm {unknown[0]!r} (known: {', '.join(a.name for a in arms)})")
     for arm in arms:  # bad trainer flags fail here, before any cluster starts
         arm_configs(arm, [*MODEL_FLAGS, *SYNCER_FLAGS, *passthrough])
     return args, passthrough
@@ -478,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flags = [*MODEL_FLAGS, *SYNCER_FLAGS, *passthrough]
     seeds = [args.seed + i for i in range(args.repeats)]
-    arms = build_arms(args.learners, args.steps, args.sync_every)
+    arms = build_arms(args.learners, args.steps, args.sync_every, extra=bool(args.arms))
     if args.arms:
         wanted = set(args.arms.split(",")) | {SYNC}
         arms = [a for a in arms if a.name in wanted]

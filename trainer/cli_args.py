@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .codec import ENCODINGS
-from .config import GRACE_POLICIES, MODES, SyncerConfig, TrainConfig
+from .config import GRACE_POLICIES, MODES, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
 from .argtypes import non_negative_int, positive_float, positive_int  # noqa: F401 (re-exported)
@@ -34,7 +34,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
     g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
     g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
-    g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding)
+    g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding,
+                   help="pseudo-gradients pushed to the syncer (default fp32)")
+    g.add_argument("--pull-encoding", choices=PULL_ENCODINGS, default=TrainConfig.pull_encoding,
+                   help="merged fragments pulled from the syncer (default fp32; bf16 halves the download)")
     g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval)
     g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout)
     g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout)
@@ -72,7 +75,8 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
         return TrainConfig(
             model=model, mode=args.mode, seed=args.seed, num_learners=num_learners,
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
-            encoding=args.encoding, inner_lr=args.inner_lr, batch_size=args.batch_size,
+            encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
+            batch_size=args.batch_size,
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
             request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1))
     except ValueError as exc:
@@ -97,7 +101,7 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
     for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
-                 "fragments", "overlap", "alpha", "encoding", "heartbeat_interval", "heartbeat_timeout",
+                 "fragments", "overlap", "alpha", "encoding", "pull_encoding", "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
                  "max_payload", "staleness_policy", "nesterov_delay", "grace_policy"):
         out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]

@@ -13,6 +13,7 @@ from .model import ModelConfig
 from .outer import STALENESS_POLICIES, OuterConfig
 
 MODES = ("decoupled", "sync")
+PULL_ENCODINGS = ("fp32", "bf16")  # global parameters, not deltas: never fewer than 16 bits
 GRACE_POLICIES = ("fixed", "adaptive")
 
 
@@ -27,6 +28,7 @@ class TrainConfig:
     overlap: int = 0               # τ: steps between a push and applying its merge
     alpha: float = 0.0             # mixing on apply: θ ← α·θ_local + (1−α)·Θ
     encoding: str = "fp32"
+    pull_encoding: str = "fp32"    # how the syncer sends merged fragments (PULL replies)
     inner_lr: float = 3e-3
     weight_decay: float = 0.01
     grad_clip: float = 1.0
@@ -45,6 +47,8 @@ class TrainConfig:
         if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"alpha: must be in [0, 1), got {self.alpha}")
         check_encoding(self.encoding)
+        if self.pull_encoding not in PULL_ENCODINGS:
+            raise ValueError(f"pull-encoding: must be one of {', '.join(PULL_ENCODINGS)}, got {self.pull_encoding!r}")
         for name in ("inner_lr", "heartbeat_interval", "heartbeat_timeout", "request_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name.replace('_', '-')}: must be > 0, got {getattr(self, name)}")

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import wire
-from .codec import encode
+from .codec import decode, encode
 from .config import TrainConfig
 from .data import Corpus, ShardSampler
 from .events import EventLog
@@ -397,7 +397,12 @@ class Learner:
         for f in wanted:
             reply = self.link.request(wire.encode_frame(self.link.secret, wire.PULL, {"fragment": f}))
             version = int(reply.header["version"])
-            self.inbox.put(f, version, reply.tensors())
+            shapes = {n: self.params[n].shape for n in self.fragment_names[f]}
+            try:
+                tensors = decode(reply.tensors(), str(reply.header.get("encoding", "fp32")), shapes)
+            except ValueError as exc:  # never adopt a fragment that does not match what it claims
+                raise wire.FrameError("bad_tensors", f"fragment {f} v{version}: {exc}") from exc
+            self.inbox.put(f, version, tensors)
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
 
     def _send_push(self, item: OutgoingPush) -> None:

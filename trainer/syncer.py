@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from . import defects, wire
-from .codec import decode
+from .codec import decode, encode
 from .config import SyncerConfig, TrainConfig
 from .events import EventLog
 from .fragments import Fragment, partition
@@ -472,9 +472,9 @@ class Syncer:
             raise Refused("bad_fragment", f"fragment {index} does not exist (0..{len(self.frags) - 1})")
         with self.cond:
             frag = self.frags[index]
-            header = {"fragment": index, "version": frag.version}
-            tensors = {n: t.clone() for n, t in frag.params.items()}
-        return self._reply(wire.FRAGMENT, header, tensors)
+            header = {"fragment": index, "version": frag.version, "encoding": self.train.pull_encoding}
+            params = {n: t.clone() for n, t in frag.params.items()}
+        return self._reply(wire.FRAGMENT, header, encode(params, self.train.pull_encoding))
 
     def _on_push(self, frame: wire.Frame, learner: int) -> bytes:
         if self.sync is not None:

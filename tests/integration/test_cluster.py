@@ -163,3 +163,25 @@ def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
     assert not any(c["learner"] == 3 for e in merges(events) for c in e["contributors"]), "a bad push was merged"
     final = [e for e in events if e["kind"] == "final_state"]
     assert final and final[-1]["finite"], "global parameters are not finite"
+
+
+def test_bf16_pulls_halve_the_download_and_still_train(run_dir: Path) -> None:
+    """--pull-encoding bf16: merged fragments come down at 2 bytes a value; learners adopt
+    them and the global model still learns."""
+    cluster = make_cluster(run_dir, learners=2, extra=["--pull-encoding", "bf16", "--n-layer", "1", "--n-embd",
+                                                       "32", "--n-head", "2", "--batch-size", "8"])
+    try:
+        wait_for(run_dir, "both learners to adopt 5 merged versions",
+                 lambda ev: all(sum(1 for e in ev if e["kind"] == "apply" and e["learner"] == i) >= 5 for i in (1, 2)),
+                 timeout=150, cluster=cluster)
+    finally:
+        cluster.stop()
+    events = wait_for(run_dir, "the syncer's final state", lambda ev: any(e["kind"] == "final_state" for e in ev), 10)
+    train = TrainConfig(num_learners=2, model=TrainConfig().model.__class__(n_layer=1, n_embd=32, n_head=2))
+    numel = sum(p.numel() for p in final_parameters(run_dir, train).values())
+    pulls = [e["wire_bytes"] for e in events if e["kind"] == "pull"]
+    assert pulls and max(pulls) < 2 * numel + 16_384, \
+        f"a bf16 pull of {numel} values took {max(pulls)} bytes (fp32 would be {4 * numel})"
+    corpus = load_corpus("markov")
+    loss = evaluate(final_parameters(run_dir, train), train, corpus)
+    assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram"

@@ -203,3 +203,14 @@ def test_combine_seeds_averages_the_verdicts_figures_and_keeps_each_seed():
     assert row["final_loss"] == pytest.approx(2.1) and row["bytes_per_token"] == pytest.approx(0.5)
     assert row["final_losses"] == [2.0, 2.2] and row["seeds"] == [1, 2] and row["wire"]["bytes"] == pytest.approx(5)
     assert row["curve"] == [(1.0, 2.0)] and [r["run_dir"] for r in row["per_seed"]] == ["r1", "r2"]
+
+
+def test_the_bytes_per_token_arms_are_extra_and_valid():
+    four = parity.build_arms(2, 100, 80)
+    every = parity.build_arms(2, 100, 80, extra=True)
+    assert [a.name for a in every] == [a.name for a in four] + list(parity.EXTRA_ARMS)
+    for arm in every[len(four):]:
+        assert arm.learners * arm.steps == 200
+        parity.arm_configs(arm, list(parity.MODEL_FLAGS))  # the trainer accepts every arm's flags
+    streaming = every[-1]
+    assert "--pull-encoding" in streaming.flags and "bf16" in streaming.flags

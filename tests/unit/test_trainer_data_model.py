@@ -429,3 +429,10 @@ def test_validate_schedule_errors(h: int, p: int, tau: int, match: str) -> None:
 @pytest.mark.parametrize("h,p,tau", [(12, 3, 3), (12, 3, 0), (1, 1, 0), (20, 4, 4)])
 def test_validate_schedule_accepts(h: int, p: int, tau: int) -> None:
     validate_schedule(h, p, tau)
+
+
+def test_pull_encoding_is_validated_naming_the_field() -> None:
+    from trainer.config import TrainConfig
+    assert TrainConfig(pull_encoding="bf16").pull_encoding == "bf16"
+    with pytest.raises(ValueError, match="pull-encoding: must be one of fp32, bf16, got 'int4'"):
+        TrainConfig(pull_encoding="int4")
