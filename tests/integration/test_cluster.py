@@ -171,8 +171,10 @@ def test_bf16_pulls_halve_the_download_and_still_train(run_dir: Path) -> None:
     cluster = make_cluster(run_dir, learners=2, extra=["--pull-encoding", "bf16", "--n-layer", "1", "--n-embd",
                                                        "32", "--n-head", "2", "--batch-size", "8"])
     try:
-        wait_for(run_dir, "both learners to adopt 5 merged versions",
-                 lambda ev: all(sum(1 for e in ev if e["kind"] == "apply" and e["learner"] == i) >= 5 for i in (1, 2)),
+        wait_for(run_dir, "both learners to adopt 5 merged versions and make 1500 steps",
+                 lambda ev: all(sum(1 for e in ev if e["kind"] == "apply" and e["learner"] == i) >= 5
+                                and sum(1 for e in ev if e["kind"] == "inner_step" and e["learner"] == i) >= 1500
+                                for i in (1, 2)),
                  timeout=150, cluster=cluster)
     finally:
         cluster.stop()
