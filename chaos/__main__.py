@@ -104,6 +104,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.out = args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}"
     args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", 3, None, "decoupled", \
         "markov", None
+    args.ranks = 1
     status = cmd_run(args, parser)
     if (Path(args.out) / "events").is_dir():
         png, html = write_report(Path(args.out))

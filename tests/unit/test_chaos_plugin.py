@@ -577,3 +577,23 @@ def test_replay_command_of_units_of_several_ranks() -> None:
     assert _uniform_ranks({"1": ["--ranks", "3"]}) == 3
     assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--threads", "1"]}) == 1
     assert _uniform_ranks(None) == 1
+
+
+def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import chaos.runner
+    from chaos.__main__ import main
+    from chaos.checkers import Verdict, verdict_document
+
+    calls = []
+
+    def fake_run_schedule(schedule, run_dir, **kwargs):
+        calls.append((schedule, run_dir, kwargs))
+        verdicts = [Verdict("progress", "pass", "ok")]
+        return chaos.runner.RunResult(run_dir, verdicts, verdict_document(verdicts), {})
+
+    monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
+    assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
+    schedule, out, kwargs = calls[-1]
+    assert out == tmp_path / "demo" and len(schedule.faults) == 3
+    assert kwargs["backend"] == "local" and kwargs["learners"] == 3 and kwargs["learner_args"] is None
