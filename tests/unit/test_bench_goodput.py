@@ -5,28 +5,18 @@ No cluster is started here; bench/goodput.py itself runs the three systems.
 """
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 
 from faults import Schedule
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from .bench_scripts import load_bench
 
 
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
-
-goodput = _load("bench_goodput", BENCH / "goodput.py")
+goodput = load_bench("goodput.py", "bench_goodput")
 
 
 # ----------------------------------------------------------------------------- the schedule
@@ -253,7 +243,7 @@ def test_bad_options_are_refused(argv, capsys):
 # ----------------------------------------------------------------------------- torchft's final parameters
 def test_the_newest_committed_torchft_parameters_are_evaluated(tmp_path):
     torch = pytest.importorskip("torch")
-    peer = _load("bench_torchft_diloco", BENCH / "peers" / "torchft_diloco.py")
+    peer = load_bench("peers/torchft_diloco.py", "bench_torchft_diloco")
     from trainer.model import build_model
 
     train = goodput.eval_config(goodput.FAST_TRAINER_ARGS)

@@ -4,25 +4,13 @@ No cluster is started here; bench/parity.py itself runs the clusters.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "bench" / "parity.py"
+from .bench_scripts import load_bench
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_parity", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_parity"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-parity = _load()
+parity = load_bench("parity.py", "bench_parity")
 
 
 def _step(t: float, learner: int, loss: float, tokens: int = 100, **extra) -> dict:

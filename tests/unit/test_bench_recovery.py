@@ -2,24 +2,11 @@
 events, percentiles and the goals. Synthetic histories and event lists; no cluster."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-PATH = Path(__file__).resolve().parents[2] / "bench" / "recovery.py"
+from .bench_scripts import load_bench
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_recovery", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_recovery"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-rec = _load()
+rec = load_bench("recovery.py", "bench_recovery")
 
 
 # ----------------------------------------------------------------------------- builders

@@ -4,27 +4,15 @@ pusher builds, merge rows from syncer events, a point's summary and the table.
 No process is started: the one wire check goes through a socketpair."""
 from __future__ import annotations
 
-import importlib.util
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-PATH = Path(__file__).resolve().parents[2] / "bench" / "syncer_scaling.py"
+from .bench_scripts import load_bench
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("bench_syncer_scaling", PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_syncer_scaling"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-sc = _load()
+sc = load_bench("syncer_scaling.py", "bench_syncer_scaling")
 
 
 # ----------------------------------------------------------------------------- arguments
