@@ -111,6 +111,15 @@ class ManagedProcess:
             return self.popen.returncode
 
 
+def start_recorded(name: str, argv: list[str], log_dir: Path, env: dict[str, str],
+                   registry: "Registry") -> ManagedProcess:
+    """Start `argv` logging to LOG_DIR/<name>.log and record it, so a later run can reap it."""
+    proc = ManagedProcess(name, argv, log_dir / f"{name}.log", env)
+    proc.start()
+    registry.record(proc)
+    return proc
+
+
 class Registry:
     """A JSON file of the processes one cluster name has started."""
 

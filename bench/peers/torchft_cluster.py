@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from chaos.backends.base import Cluster, UnknownTarget, UnsupportedFault  # noqa: E402
-from chaos.processes import ManagedProcess, Registry  # noqa: E402
+from chaos.processes import ManagedProcess, Registry, start_recorded  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.events import EventLog, read_events  # noqa: E402
 
@@ -117,10 +117,7 @@ class TorchftCluster(Cluster):
         return f"http://127.0.0.1:{self.lighthouse_port}"
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log", self.env)
-        proc.start()
-        self.registry.record(proc)
-        self.procs[name] = proc
+        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry)
         return proc
 
     def _start_lighthouse(self) -> None:
@@ -258,15 +255,7 @@ class TorchftCluster(Cluster):
         return problems
 
     def heal_all(self) -> list[str]:
-        done = []
-        for target in self.units():
-            if self.is_paused(target):
-                self.resume(target)
-                done.append(f"resumed {target}")
-            if not self.is_running(target):
-                self.restart(target)
-                done.append(f"restarted {target}")
-        return done
+        return self.heal_processes(self.units())  # no proxies to clear
 
     # ----------------------------------------------------------- waiting
     def wait_until_training(self, timeout: float = TRAINING_TIMEOUT) -> float:

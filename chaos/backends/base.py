@@ -138,7 +138,12 @@ class Cluster(ABC):
                 done.append(f"removed {removed} toxic(s) from {proxy}")
             if not before.get("enabled", True):
                 done.append(f"enabled {proxy}")
-        for target in self.services():
+        return done + self.heal_processes(self.services())
+
+    def heal_processes(self, targets: list[str]) -> list[str]:
+        """Resume what is paused and restart what is down, among `targets`; what it did."""
+        done: list[str] = []
+        for target in targets:
             if self.is_paused(target):
                 self.resume(target)
                 done.append(f"resumed {target}")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..client import NotFound, ToxiproxyClient
-from ..processes import ManagedProcess, Registry, proc_parent, proc_state, signal_pid
+from ..processes import ManagedProcess, Registry, proc_parent, proc_state, signal_pid, start_recorded
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
 
@@ -81,10 +81,7 @@ class LocalCluster(Cluster):
         self.proxy_ports[name] = int(proxy["listen"].rsplit(":", 1)[1])
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = ManagedProcess(name, argv, self.run_dir / "logs" / f"{name}.log", self.env)
-        proc.start()
-        self.registry.record(proc)
-        self.procs[name] = proc
+        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry)
         return proc
 
     def _start_syncer(self) -> None:

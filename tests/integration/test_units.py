@@ -51,14 +51,18 @@ def _assert_ranks_agree(events: list[dict], learner: int) -> None:
             f"rank {e['rank']} of learner-{learner} (incarnation {e['incarnation']}) diverged from rank 0"
 
 
-def test_killing_one_rank_restarts_the_whole_unit(tmp_path: Path) -> None:
+def _run_rank_fault(tmp_path: Path, fault, duration: float, seed: int) -> tuple[list[dict], tuple[float, float]]:
+    """Run `fault` on 2 learners, learner-1 a unit of 2 ranks; every check must pass.
+    Returns the events and the fault's (start, stop) on the controller's clock."""
     run_dir = tmp_path / "run"
-    schedule = Schedule(seed=1, faults=(Kill(at=4.0, duration=3.0, target="learner-1/rank-1"),))
-    result = run_schedule(schedule, run_dir, learners=2, duration=30.0, trainer_args=FAST,
-                          learner_args=TWO_RANKS)
+    result = run_schedule(Schedule(seed=seed, faults=(fault,)), run_dir, learners=2, duration=duration,
+                          trainer_args=FAST, learner_args=TWO_RANKS)
     assert result.passed, json.dumps(result.document["checks"], indent=1)
-    events = read_events(run_dir)
-    killed_at, _ = _fault_window(run_dir, "kill")
+    return read_events(run_dir), _fault_window(run_dir, fault.kind)
+
+
+def test_killing_one_rank_restarts_the_whole_unit(tmp_path: Path) -> None:
+    events, (killed_at, _) = _run_rank_fault(tmp_path, Kill(at=4.0, duration=3.0, target="learner-1/rank-1"), 30.0, seed=1)
 
     unit = [e for e in events if e["process"] == "learner-1-unit"]
     failed = [e for e in unit if e["kind"] == "unit_failed" and e["t"] >= killed_at]
@@ -85,13 +89,8 @@ def test_killing_one_rank_restarts_the_whole_unit(tmp_path: Path) -> None:
 
 
 def test_pausing_one_rank_stalls_only_its_unit(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    schedule = Schedule(seed=2, faults=(Pause(at=4.0, duration=4.0, target="learner-1/rank-1"),))
-    result = run_schedule(schedule, run_dir, learners=2, duration=18.0, trainer_args=FAST,
-                          learner_args=TWO_RANKS)
-    assert result.passed, json.dumps(result.document["checks"], indent=1)
-    events = read_events(run_dir)
-    paused_at, resumed_at = _fault_window(run_dir, "pause")
+    events, (paused_at, resumed_at) = _run_rank_fault(
+        tmp_path, Pause(at=4.0, duration=4.0, target="learner-1/rank-1"), 18.0, seed=2)
 
     def steps(learner: int, lo: float, hi: float) -> int:
         return sum(1 for e in events if e["kind"] == "inner_step" and e["learner"] == learner and lo <= e["t"] <= hi)
