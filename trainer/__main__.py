@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .cli_args import (add_common_args, add_syncer_args, add_train_args, forward_flags, non_negative_int,
                        positive_float, positive_int, syncer_config, train_config)
+from .argtypes import non_negative_float
 from .link import Address
 
 
@@ -51,6 +52,8 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error(str(exc))
     if not 0 < args.speed <= 1:
         parser.error(f"--speed: must be in (0, 1], got {args.speed}")
+    if args.step_time and args.speed < 1:
+        parser.error("--step-time: emulates an accelerator of a fixed step time; do not combine it with --speed")
     if args.ranks > 1 and args.mode == "sync":
         parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
     if args.rank is not None and (args.rank >= args.ranks or args.rendezvous is None):
@@ -63,7 +66,7 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     from .learner import LearnerOptions, run_learner
     opts = LearnerOptions(learner=args.learner, address=address, run_dir=args.run_dir, max_steps=args.max_steps,
                           threads=args.threads, speed=args.speed, slowdown=args.slowdown,
-                          connect_timeout=args.connect_timeout,
+                          step_time=args.step_time, connect_timeout=args.connect_timeout,
                           rank=args.rank or 0, ranks=args.ranks, store_file=args.rendezvous,
                           collective_timeout=args.collective_timeout)
     return run_learner(opts, corpus, secret, args.mode)
@@ -73,7 +76,7 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
     """The command line of one rank of a unit: the unit's own flags plus --rank and --rendezvous."""
     argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(args.learner), "--connect", args.connect,
             "--data", args.data, "--mode", args.mode, "--threads", str(args.threads), "--speed", str(args.speed),
-            "--slowdown", args.slowdown,
+            "--slowdown", args.slowdown, "--step-time", str(args.step_time),
             "--connect-timeout", str(args.connect_timeout), "--collective-timeout", str(args.collective_timeout),
             "--ranks", str(args.ranks), "--rank", str(rank), "--rendezvous", store]
     for flag, value in (("--run-dir", args.run_dir), ("--max-steps", args.max_steps),
@@ -216,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slowdown", choices=("sleep", "spin"), default="sleep",
                    help="how --speed slows the learner: sleep (frees the CPU) or spin (keeps its core busy, "
                         "as a slower chip would; fair when learners share one machine's CPUs)")
+    p.add_argument("--step-time", type=non_negative_float, default=0.0, metavar="SECONDS",
+                   help="emulate an accelerator: every inner step takes at least SECONDS, the learner sleeping "
+                        "out what its own work did not use (so learners sharing this machine's CPUs do not "
+                        "slow each other); 0 = as fast as the CPU goes (default)")
     p.add_argument("--connect-timeout", type=positive_float, default=60.0)
     p.add_argument("--ranks", type=positive_int, default=1,
                    help="ranks in this unit: DDP over gloo inside it, rank 0 talks to the syncer; "

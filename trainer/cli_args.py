@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .codec import ENCODINGS
-from .config import GRACE_POLICIES, MODES, PULL_ENCODINGS, SyncerConfig, TrainConfig
+from .config import ADOPT_MODES, GRACE_POLICIES, MODES, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
 from .argtypes import non_negative_int, positive_float, positive_int  # noqa: F401 (re-exported)
@@ -34,6 +34,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
     g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
     g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
+    g.add_argument("--adopt", choices=ADOPT_MODES, default=TrainConfig.adopt,
+                   help="how a learner adopts a merged fragment: mix (θ ← α·θ + (1−α)·Θ; with α = 0 the steps "
+                        "made since the push are thrown away) or rebase (θ ← Θ + the steps made since the "
+                        "push, which the next push then carries; nothing is thrown away)")
     g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding,
                    help="pseudo-gradients pushed to the syncer (default fp32)")
     g.add_argument("--pull-encoding", choices=PULL_ENCODINGS, default=TrainConfig.pull_encoding,
@@ -75,6 +79,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
         return TrainConfig(
             model=model, mode=args.mode, seed=args.seed, num_learners=num_learners,
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
+            adopt=args.adopt,
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
             batch_size=args.batch_size,
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
@@ -101,7 +106,7 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
     for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
-                 "fragments", "overlap", "alpha", "encoding", "pull_encoding", "heartbeat_interval", "heartbeat_timeout",
+                 "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
                  "max_payload", "staleness_policy", "nesterov_delay", "grace_policy"):
         out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]

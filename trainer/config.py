@@ -13,6 +13,7 @@ from .model import ModelConfig
 from .outer import STALENESS_POLICIES, OuterConfig
 
 MODES = ("decoupled", "sync")
+ADOPT_MODES = ("mix", "rebase")
 PULL_ENCODINGS = ("fp32", "bf16")  # global parameters, not deltas: never fewer than 16 bits
 GRACE_POLICIES = ("fixed", "adaptive")
 
@@ -27,6 +28,7 @@ class TrainConfig:
     fragments: int = 1             # P
     overlap: int = 0               # τ: steps between a push and applying its merge
     alpha: float = 0.0             # mixing on apply: θ ← α·θ_local + (1−α)·Θ
+    adopt: str = "mix"             # mix: the line above; rebase: θ ← Θ + (θ_local − θ_at_last_push)
     encoding: str = "fp32"
     pull_encoding: str = "fp32"    # how the syncer sends merged fragments (PULL replies)
     inner_lr: float = 3e-3
@@ -46,6 +48,10 @@ class TrainConfig:
         validate_schedule(self.sync_every, self.fragments, self.overlap)
         if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"alpha: must be in [0, 1), got {self.alpha}")
+        if self.adopt not in ADOPT_MODES:
+            raise ValueError(f"adopt: must be one of {', '.join(ADOPT_MODES)}, got {self.adopt!r}")
+        if self.adopt == "rebase" and self.alpha != 0.0:
+            raise ValueError(f"alpha: mixes only with --adopt mix (rebase keeps all unpushed progress), got {self.alpha}")
         check_encoding(self.encoding)
         if self.pull_encoding not in PULL_ENCODINGS:
             raise ValueError(f"pull-encoding: must be one of {', '.join(PULL_ENCODINGS)}, got {self.pull_encoding!r}")

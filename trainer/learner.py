@@ -51,6 +51,7 @@ class LearnerOptions:
     threads: int = 1
     speed: float = 1.0            # < 1 slows this learner down artificially
     slowdown: str = "sleep"       # how: sleep (frees the CPU) or spin (keeps it busy, like a slower chip)
+    step_time: float = 0.0        # > 0: an emulated accelerator, every step takes at least this long
     connect_timeout: float = 60.0
     drain_timeout: float = DRAIN_TIMEOUT
     rank: int = 0                 # this process's rank in its unit; only rank 0 talks to the syncer
@@ -96,6 +97,7 @@ class Learner:
         self.corpus = corpus
         self.mode = mode
         self.stop = threading.Event()
+        self._slot: float | None = None  # --step-time: when the current step's slot began
         # Set once the loop has queued its last (residual) pushes: only then may the network
         # thread finish, when the queue is empty. Exiting on `stop` alone raced the residual push.
         self.closing = threading.Event()
@@ -161,7 +163,8 @@ class Learner:
                                     self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]),
                                     rank=self.group.rank, ranks=self.group.size)
         fields = dict(incarnation=self.incarnation, position=self.sampler.position, threads=self.opts.threads,
-                      speed=self.opts.speed, slowdown=self.opts.slowdown, ranks=self.group.size)
+                      speed=self.opts.speed, slowdown=self.opts.slowdown, step_time=self.opts.step_time,
+                      ranks=self.group.size)
         if not self.group.leader:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
@@ -180,6 +183,9 @@ class Learner:
         return float(loss.detach()), started
 
     def _throttle(self, compute_s: float) -> None:
+        if self.opts.step_time > 0:
+            self._pace(compute_s)
+            return
         if self.opts.speed >= 1.0:
             return
         extra = compute_s * (1.0 / self.opts.speed - 1.0)
@@ -190,8 +196,20 @@ class Learner:
         while time.perf_counter() < deadline and not self.stop.is_set():
             pass
 
+    def _pace(self, compute_s: float) -> None:
+        """--step-time: steps start at most once per step_time, as on an accelerator that
+        takes that long per step while the host's own work (logging, pushes) overlaps it.
+        A step that ran over starts the next slot late; nothing catches up in a burst."""
+        now = time.perf_counter()
+        if self._slot is None:
+            self._slot = now - compute_s  # the first slot began when the first step did
+        due = self._slot + self.opts.step_time
+        if due > now:
+            self.stop.wait(due - now)
+        self._slot = max(due, now)
+
     def run(self) -> int:
-        _warm_up_torch(self.opts.threads)
+        warm_up_torch(self.opts.threads)
         if self.opts.ranks > 1:
             self.group = RankGroup(self.opts.rank, self.opts.ranks, self.opts.store_file,
                                    self.opts.collective_timeout)
@@ -320,20 +338,29 @@ class Learner:
             return False
         version, tensors = item
         alpha = self.cfg.alpha
-        with torch.no_grad():
-            for name in self.fragment_names[f]:
-                p = self.params[name]
-                p.mul_(alpha).add_(tensors[name], alpha=1.0 - alpha)
-            refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
-        # Progress not yet pushed survives only in proportion α; its tokens are weighed alike.
-        discarded = tokens_since[f] - int(alpha * tokens_since[f])
-        tokens_since[f] = int(alpha * tokens_since[f])
-        steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
+        if self.cfg.adopt == "rebase":
+            # θ ← Θ + (θ − ref): the steps made since the last push (ref) ride on the new
+            # global version, and the next push, measured from Θ, carries them and their tokens.
+            with torch.no_grad():
+                for name in self.fragment_names[f]:
+                    self.params[name].add_(tensors[name] - refs[f][name])
+                refs[f] = {n: tensors[n].detach().clone() for n in self.fragment_names[f]}
+            discarded = 0
+        else:
+            with torch.no_grad():
+                for name in self.fragment_names[f]:
+                    p = self.params[name]
+                    p.mul_(alpha).add_(tensors[name], alpha=1.0 - alpha)
+                refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+            # Progress not yet pushed survives only in proportion α; its tokens are weighed alike.
+            discarded = tokens_since[f] - int(alpha * tokens_since[f])
+            tokens_since[f] = int(alpha * tokens_since[f])
+            steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
         with self._versions_lock:
             self.adopted_versions[f] = version
         self.globals[f] = tensors
-        self.events.emit("apply", fragment=f, version=version, alpha=alpha, incarnation=self.incarnation,
-                         discarded_tokens=discarded)
+        self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
+                         incarnation=self.incarnation, discarded_tokens=discarded)
         return True
 
     def _report_final_params(self) -> None:
@@ -512,7 +539,7 @@ class Learner:
                 self.link.lock.release()
 
 
-def _warm_up_torch(threads: int) -> None:
+def warm_up_torch(threads: int) -> None:
     """Pay torch's lazy imports (the first optimizer costs ~2 s) before saying HELLO, so
     the syncer never sees a joined learner fall silent while it initialises."""
     torch.set_num_threads(threads)

@@ -7,7 +7,8 @@ same wall time.
   token P times); in sync mode, the tokens of every completed all-reduce round.
 - Capacity: Σ over learners of (its fault-free rate) × (wall time of the run), where a
   learner's rate is its tokens per step over the median own compute time of a step
-  (waiting on the network excluded), scaled by its configured speed factor.
+  (waiting on the network excluded), scaled by its configured speed factor; with an
+  emulated accelerator (--step-time T) the step time is T, or the median compute if longer.
 """
 from __future__ import annotations
 
@@ -25,17 +26,20 @@ def learner_rates(events: Iterable[dict]) -> dict[int, float]:
     compute: dict[int, list[float]] = defaultdict(list)
     tokens: dict[int, int] = {}
     speed: dict[int, float] = {}
+    step_time: dict[int, float] = {}
     for e in events:
         if e["kind"] == "inner_step" and e.get("learner") is not None:
             compute[e["learner"]].append(float(e["compute_s"]))
             tokens[e["learner"]] = int(e["tokens"])
         elif e["kind"] == "process_start" and e.get("role") == "learner":
             speed[e["learner"]] = float(e.get("speed", 1.0))
+            step_time[e["learner"]] = float(e.get("step_time") or 0.0)
     rates = {}
     for learner, values in compute.items():
         med = _median(values)
         if med and med > 0:
-            rates[learner] = tokens[learner] / med * speed.get(learner, 1.0)
+            seconds = max(step_time.get(learner, 0.0), med / speed.get(learner, 1.0))
+            rates[learner] = tokens[learner] / seconds
     return rates
 
 

@@ -187,3 +187,64 @@ def test_bf16_pulls_halve_the_download_and_still_train(run_dir: Path) -> None:
     corpus = load_corpus("markov")
     loss = evaluate(final_parameters(run_dir, train), train, corpus)
     assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram"
+
+
+def test_rebase_adoption_keeps_every_step_and_still_converges(run_dir: Path) -> None:
+    """--adopt rebase: θ ← Θ + the steps since the push. Nothing is thrown away (every
+    processed token reaches a push), and the learners still train and agree."""
+    cluster = make_cluster(run_dir, learners=2, extra=["--adopt", "rebase"])
+    try:
+        wait_for(run_dir, "both learners to adopt 10 merged versions",
+                 lambda ev: all(sum(1 for e in ev if e["kind"] == "apply" and e["learner"] == i) >= 10
+                                for i in (1, 2)), timeout=150, cluster=cluster)
+    finally:
+        cluster.stop()
+    events = wait_for(run_dir, "the syncer's final state", lambda ev: any(e["kind"] == "final_state" for e in ev), 10)
+    applies = [e for e in events if e["kind"] == "apply" and e.get("learner") in (1, 2)]
+    assert {e["adopt"] for e in applies} == {"rebase"}
+    assert sum(e["discarded_tokens"] for e in applies) == 0, "a rebase threw steps away"
+    for i in (1, 2):
+        processed = sum(e["tokens"] for e in events if e["kind"] == "inner_step" and e["learner"] == i)
+        pushed = sum(e["tokens"] for e in events if e["kind"] == "push" and e["learner"] == i)
+        assert pushed == processed, f"learner {i}: pushed {pushed} tokens of {processed} processed"
+    corpus = load_corpus("markov")
+    train = TrainConfig(num_learners=2)
+    loss = evaluate(final_parameters(run_dir, train), train, corpus)
+    assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram {corpus.unigram_entropy:.3f}"
+    drifts = [row["drift"] for e in events if e["kind"] == "final_params" for row in e["fragments"]]
+    assert len(drifts) == 2 and max(drifts) < 0.05, f"learners drifted from the global parameters: {drifts}"
+
+
+def test_rebase_with_alpha_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="alpha: mixes only with --adopt mix"):
+        TrainConfig(adopt="rebase", alpha=0.5)
+    with pytest.raises(ValueError, match="adopt: must be one of mix, rebase"):
+        TrainConfig(adopt="merge")
+
+
+def test_step_time_paces_every_step_and_sets_the_fault_free_rate(run_dir: Path) -> None:
+    """--step-time T: an emulated accelerator. No step starts sooner than T after the one
+    before, and goodput's capacity takes tokens per step / T as the learner's rate."""
+    from trainer.launch import ClusterSpec, LocalCluster
+    from trainer.metrics import learner_rates
+
+    step_time = 0.05
+    cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=2, mode="decoupled", data="markov",
+                                       syncer_flags=["--mode", "decoupled", "--sync-every", "10", "--grace", "0.5"],
+                                       learner_flags=["--step-time", str(step_time)]))
+    cluster.start()
+    try:
+        events = wait_for(run_dir, "both learners to make 40 inner steps",
+                          lambda ev: all(sum(1 for e in ev if e["kind"] == "inner_step" and e["learner"] == i) >= 40
+                                         for i in (1, 2)), timeout=120, cluster=cluster)
+    finally:
+        cluster.stop()
+    starts = [e for e in events if e["kind"] == "process_start" and e.get("role") == "learner"]
+    assert sorted(e["step_time"] for e in starts) == [step_time, step_time]
+    for i in (1, 2):
+        times = [e["t"] for e in events if e["kind"] == "inner_step" and e["learner"] == i][:40]
+        gaps = sorted(b - a for a, b in zip(times, times[1:]))
+        assert gaps[0] >= 0.9 * step_time, f"learner {i}: two steps {gaps[0]:.4f}s apart under --step-time {step_time}"
+    tokens = next(e["tokens"] for e in events if e["kind"] == "inner_step")
+    rates = learner_rates(events)
+    assert rates == {1: pytest.approx(tokens / step_time), 2: pytest.approx(tokens / step_time)}
