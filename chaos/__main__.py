@@ -8,6 +8,7 @@ from datetime import datetime
 from pathlib import Path
 
 from trainer.argtypes import positive_float as _positive_float
+from trainer.argtypes import non_negative_int as _non_negative_int
 from trainer.argtypes import positive_int as _positive_int
 
 
@@ -39,6 +40,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ScheduleError as exc:
         print(str(exc), file=sys.stderr)
         return 2
+    if args.warm_spares and args.backend != "local":
+        parser.error(f"--warm-spares: only the local backend keeps warm spare processes, not {args.backend!r}")
     out = Path(args.out or f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
@@ -51,7 +54,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         result = run_schedule(schedule, out, backend=args.backend, learners=args.learners, duration=args.duration,
                               mode=args.mode, data=args.data, trainer_args=args.trainer_args,
                               learner_args={i: ["--ranks", str(args.ranks)] for i in range(1, args.learners + 1)}
-                              if args.ranks > 1 else None)
+                              if args.ranks > 1 else None, warm_spares=args.warm_spares)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
@@ -93,6 +96,7 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0 if result.passed else 1
 
 
+DEMO_WARM_SPARES = 1  # the killed learner comes back from a warm spare (chaos/spares.py)
 DEMO_SCHEDULE = Path(__file__).resolve().parent.parent / "examples" / "schedules" / "kill-partition-latency.yaml"
 
 
@@ -105,6 +109,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", 3, None, "decoupled", \
         "markov", None
     args.ranks = 1
+    args.warm_spares = DEMO_WARM_SPARES
     status = cmd_run(args, parser)
     if (Path(args.out) / "events").is_dir():
         png, html = write_report(Path(args.out))
@@ -143,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ranks per learner unit (DDP over gloo; faults may target learner-N/rank-R)")
     p.add_argument("--duration", type=_positive_float, default=None,
                    help="seconds from the first fault's clock start (default: schedule horizon + 20)")
+    p.add_argument("--warm-spares", type=_non_negative_int, default=0, metavar="N",
+                   help="local backend: keep N warm spare processes (torch already imported) that restarts "
+                        "take instead of starting Python cold (default 0: every restart starts cold)")
     p.add_argument("--out", help="run directory (default runs/chaos-<timestamp>)")
     p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled")
     p.add_argument("--data", default="markov")

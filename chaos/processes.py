@@ -14,6 +14,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .spares import SparePool
 
 
 def islands_home() -> Path:
@@ -74,8 +78,12 @@ class ManagedProcess:
     def paused(self) -> bool:
         return self.running() and proc_state(self.popen.pid) == "T"
 
-    def start(self) -> None:
+    def start(self, spares: "SparePool | None" = None) -> None:
+        """Start cold, or turn a warm spare from `spares` into this process when it can."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.popen = spares.take(self.argv, self.env, self.log) if spares is not None else None
+        if self.popen is not None:
+            return
         with open(self.log, "ab") as out:
             self.popen = subprocess.Popen(self.argv, env=self.env, stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
@@ -112,10 +120,11 @@ class ManagedProcess:
 
 
 def start_recorded(name: str, argv: list[str], log_dir: Path, env: dict[str, str],
-                   registry: "Registry") -> ManagedProcess:
-    """Start `argv` logging to LOG_DIR/<name>.log and record it, so a later run can reap it."""
+                   registry: "Registry", spares: "SparePool | None" = None) -> ManagedProcess:
+    """Start `argv` (from a warm spare when `spares` has one) logging to LOG_DIR/<name>.log
+    and record it, so a later run can reap it."""
     proc = ManagedProcess(name, argv, log_dir / f"{name}.log", env)
-    proc.start()
+    proc.start(spares)
     registry.record(proc)
     return proc
 
@@ -133,9 +142,13 @@ class Registry:
             return []
 
     def record(self, proc: ManagedProcess) -> None:
-        entries = [e for e in self._read() if e["name"] != proc.name]
-        entries.append({"name": proc.name, "pid": proc.pid, "start": proc_start_time(proc.pid),
-                        "argv": proc.argv[:4]})
+        self.record_pid(proc.name, proc.pid, proc.argv)
+
+    def record_pid(self, name: str, pid: int, argv: list[str]) -> None:
+        """Record `name` as `pid`; an entry with the same name or PID (a spare that became
+        this process) is replaced."""
+        entries = [e for e in self._read() if e["name"] != name and e["pid"] != pid]
+        entries.append({"name": name, "pid": pid, "start": proc_start_time(pid), "argv": argv[:4]})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(entries))

@@ -34,6 +34,7 @@ class Recorded:
     duration: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     learner_args: dict[int, list[str]] = field(default_factory=dict)
+    warm_spares: int = 0
 
 
 def load_recorded(run_dir: str | Path) -> Recorded:
@@ -74,10 +75,14 @@ def load_recorded(run_dir: str | Path) -> Recorded:
             for k, v in learner_args.items()):
         raise ReplayError(f"{run_dir / RUN_FILE}: learner_args: expected an object of learner number to a list "
                           f"of strings, got {learner_args!r}")
+    warm_spares = run.get("warm_spares", 0)
+    if isinstance(warm_spares, bool) or not isinstance(warm_spares, int) or warm_spares < 0:
+        raise ReplayError(f"{run_dir / RUN_FILE}: warm_spares: expected an integer >= 0, got {warm_spares!r}")
     return Recorded(schedule=schedule, backend=run.get("backend") or "local", learners=learners,
                     mode=run.get("mode") or "decoupled", data=run.get("data") or "markov",
                     trainer_args=list(trainer_args), duration=float(duration) if duration is not None else None,
-                    env=dict(env), learner_args={int(k): list(v) for k, v in learner_args.items()})
+                    env=dict(env), learner_args={int(k): list(v) for k, v in learner_args.items()},
+                    warm_spares=warm_spares)
 
 
 def next_replay_dir(run_dir: str | Path) -> Path:
@@ -104,7 +109,8 @@ def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorde
     try:
         return runner.run_schedule(recorded.schedule, out, backend=recorded.backend, learners=recorded.learners,
                                    duration=recorded.duration, mode=recorded.mode, data=recorded.data,
-                                   trainer_args=recorded.trainer_args, learner_args=recorded.learner_args)
+                                   trainer_args=recorded.trainer_args, learner_args=recorded.learner_args,
+                                   warm_spares=recorded.warm_spares if recorded.backend == "local" else 0)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -38,11 +38,14 @@ class RunResult:
 
 
 def make_cluster(backend: str, run_dir: Path, learners: int, mode: str, data: str,
-                 trainer_args: list[str], learner_args: dict[int, list[str]] | None = None) -> Cluster:
+                 trainer_args: list[str], learner_args: dict[int, list[str]] | None = None,
+                 warm_spares: int = 0) -> Cluster:
     if backend == "local":
         from .backends.local import LocalCluster
         return LocalCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
-                            learner_args=learner_args)
+                            learner_args=learner_args, warm_spares=warm_spares)
+    if warm_spares:
+        raise ValueError(f"warm_spares: only the local backend keeps warm spare processes, not {backend!r}")
     if backend == "compose":
         from .backends.compose import ComposeCluster
         return ComposeCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
@@ -98,7 +101,8 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
 def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", learners: int = 3,
                  duration: float | None = None, mode: str = "decoupled", data: str = "markov",
                  trainer_args: list[str] | None = None, checker_options: dict | None = None,
-                 learner_args: dict[int, list[str]] | None = None, evaluate: bool = True) -> RunResult:
+                 learner_args: dict[int, list[str]] | None = None, evaluate: bool = True,
+                 warm_spares: int = 0) -> RunResult:
     schedule.validate(learners)
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
@@ -106,8 +110,9 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
         "backend": backend, "learners": learners, "mode": mode, "data": data,
         "trainer_args": trainer_args or [], "seed": schedule.seed,
         "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
-        "duration": duration if duration is not None else default_duration(schedule)}, indent=2))
-    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args)
+        "duration": duration if duration is not None else default_duration(schedule),
+        "warm_spares": warm_spares}, indent=2))
+    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args, warm_spares)
     problems = cluster.unsupported(schedule)
     if problems:
         raise ValueError(f"backend {backend}: " + "; ".join(problems))

@@ -16,10 +16,12 @@ from pathlib import Path
 
 from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, proc_parent, proc_state, signal_pid, start_recorded
+from ..spares import SparePool, start_spares
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
 
 START_TIMEOUT = 90.0
+SPARE_PRELOAD = "trainer.warm"  # what a warm spare imports: torch, both roles, torch's first-use costs
 STOP_TIMEOUT = 20.0
 
 
@@ -27,9 +29,11 @@ class LocalCluster(Cluster):
     def __init__(self, run_dir: str | os.PathLike, learners: int = 3, mode: str = "decoupled",
                  data: str = "markov", trainer_args: list[str] | None = None,
                  toxiproxy_url: str | None = None, name: str = "islands",
-                 learner_args: dict[int, list[str]] | None = None) -> None:
+                 learner_args: dict[int, list[str]] | None = None, warm_spares: int = 0) -> None:
         if learners < 1:
             raise ValueError(f"learners: must be >= 1, got {learners}")
+        if warm_spares < 0:
+            raise ValueError(f"warm_spares: must be >= 0, got {warm_spares}")
         self.run_dir = Path(run_dir)
         self.learners = learners
         self.mode = mode
@@ -44,6 +48,8 @@ class LocalCluster(Cluster):
         self.proxy_ports: dict[str, int] = {}
         self.procs: dict[str, ManagedProcess] = {}
         self.leftovers: list[str] = []
+        self.warm_spares = warm_spares
+        self.spares: SparePool | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -54,12 +60,19 @@ class LocalCluster(Cluster):
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
         self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self._start_spares()
         self._start_toxiproxy()
         self._start_syncer()
         for i in range(1, self.learners + 1):
             self._create_proxy(f"learner-{i}")
         for i in range(1, self.learners + 1):
             self._start_learner(i)
+
+    def _start_spares(self) -> None:
+        """Warm spares (chaos/spares.py) that restarts take instead of a cold Python: a
+        restart then costs the role's own start-up, not importing torch."""
+        self.spares = start_spares(sys.executable, self.env, [SPARE_PRELOAD], self.run_dir / "logs",
+                                   self.warm_spares, self.registry)
 
     def _start_toxiproxy(self) -> None:
         if self.toxiproxy_url:
@@ -81,7 +94,8 @@ class LocalCluster(Cluster):
         self.proxy_ports[name] = int(proxy["listen"].rsplit(":", 1)[1])
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry)
+        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry,
+                                                    self.spares)
         return proc
 
     def _start_syncer(self) -> None:
@@ -124,6 +138,8 @@ class LocalCluster(Cluster):
             proc.terminate(STOP_TIMEOUT)
         if "syncer" in self.procs:
             self.procs["syncer"].terminate(STOP_TIMEOUT)
+        if self.spares is not None:
+            self.spares.close()
         if self._server is not None:
             self._server.stop()
             self._server = None

@@ -447,7 +447,7 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     assert out == tmp_path / "run-replay-1"
     assert schedule.seed == 9 and schedule.faults == Schedule.load(run_dir / "schedule.yaml").faults
     assert kwargs == {"backend": "local", "learners": 2, "duration": 12.5, "mode": "sync", "data": "markov",
-                      "trainer_args": ["--grace", "1"], "learner_args": {}}
+                      "trainer_args": ["--grace", "1"], "learner_args": {}, "warm_spares": 0}
     printed = capsys.readouterr().out
     assert "verdict: PASS" in printed and "PASS    progress" in printed
 
@@ -561,6 +561,14 @@ def test_replay_keeps_the_recorded_learner_flags(tmp_path: Path) -> None:
     assert load_recorded(run_dir).learner_args == {1: ["--ranks", "2"]}
 
 
+def test_replay_keeps_the_recorded_warm_spares_and_refuses_a_bad_count(tmp_path: Path) -> None:
+    from chaos.replay import ReplayError, load_recorded
+    assert load_recorded(write_run_dir(tmp_path / "a", warm_spares=2)).warm_spares == 2
+    assert load_recorded(write_run_dir(tmp_path / "b")).warm_spares == 0, "older run.json files have none"
+    with pytest.raises(ReplayError, match="warm_spares: expected an integer >= 0, got -1"):
+        load_recorded(write_run_dir(tmp_path / "c", warm_spares=-1))
+
+
 def test_replay_refuses_bad_learner_flags_naming_the_field(tmp_path: Path) -> None:
     from chaos.replay import ReplayError, load_recorded
     run_dir = write_run_dir(tmp_path / "run", learner_args={"one": ["--ranks", "2"]})
@@ -597,3 +605,4 @@ def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path
     schedule, out, kwargs = calls[-1]
     assert out == tmp_path / "demo" and len(schedule.faults) == 3
     assert kwargs["backend"] == "local" and kwargs["learners"] == 3 and kwargs["learner_args"] is None
+    assert kwargs["warm_spares"] == 1, "the demo's killed learner comes back from a warm spare"
