@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trainer.argtypes import positive_int
+from trainer.argtypes import non_negative_int, positive_int
 
 if TYPE_CHECKING:
     from faults import Schedule
@@ -91,6 +91,11 @@ class ChaosOptions:
     learners: int = 3
     artifacts: Path = Path("chaos-artifacts")
     streaming: bool = False
+    warm_spares: int = 0  # local backend: warm spare processes restarts take (chaos/spares.py)
+
+    def spares_for(self, backend: str) -> int:
+        """Warm spares for a cluster of `backend`: only the local backend keeps them."""
+        return self.warm_spares if backend == "local" else 0
 
     def trainer_args(self, args: list[str] | tuple[str, ...] = ()) -> list[str]:
         """`args` as the clusters of this session get them (with the streaming flags if on)."""
@@ -147,13 +152,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"{STREAMING_ENCODING} pseudo-gradients, overlap tau={STREAMING_OVERLAP} (--sync-every "
                          f"is rounded up to a multiple of P; applies to the cluster fixture, the chaos marker "
                          f"and the property suites)")
+    group.addoption("--chaos-warm-spares", type=non_negative_int, default=0, metavar="N",
+                    help="local backend: keep N warm spare processes (torch already imported) that restarts "
+                         "take instead of a cold Python; applies to the cluster fixture and the chaos marker "
+                         "(default 0: cold restarts)")
 
 
 def chaos_options_from(config: pytest.Config) -> ChaosOptions:
     artifacts = Path(config.getoption("chaos_artifacts"))
     return ChaosOptions(backend=config.getoption("chaos_backend"), seed=config.getoption("chaos_seed"),
                         learners=config.getoption("chaos_learners"), artifacts=artifacts,
-                        streaming=config.getoption("chaos_streaming"))
+                        streaming=config.getoption("chaos_streaming"),
+                        warm_spares=config.getoption("chaos_warm_spares"))
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
@@ -230,6 +240,7 @@ class RunRecord:
     env: dict[str, str] = field(default_factory=dict)  # environment the replay needs, if any
     artifacts: Path | None = None  # set once written
     ranks: int = 1  # ranks of every learner unit (`chaos run --ranks`)
+    warm_spares: int = 0  # `chaos run --warm-spares`
 
     def run_json(self) -> dict:
         """The keys `chaos.runner.run_schedule` writes into run.json, read by `chaos replay`."""
@@ -245,6 +256,8 @@ class RunRecord:
             out["env"] = dict(self.env)  # `chaos replay` sets these for the replayed cluster
         if self.ranks > 1:
             out["learner_args"] = {str(i): ["--ranks", str(self.ranks)] for i in range(1, self.learners + 1)}
+        if self.warm_spares:
+            out["warm_spares"] = self.warm_spares
         return out
 
 
@@ -262,6 +275,8 @@ def replay_command(schedule_path: Path | str, record: RunRecord) -> str:
             "--learners", str(record.learners)]
     if record.ranks > 1:
         argv += ["--ranks", str(record.ranks)]
+    if record.warm_spares:
+        argv += ["--warm-spares", str(record.warm_spares)]
     if record.mode != DEFAULT_MODE:
         argv += ["--mode", record.mode]
     if record.data != DEFAULT_DATA:
@@ -399,7 +414,8 @@ def record_failure_artifacts(request: pytest.FixtureRequest, run_dir: str | Path
                        mode or found.get("mode") or DEFAULT_MODE, data or found.get("data") or DEFAULT_DATA,
                        list(trainer_args if trainer_args is not None else found.get("trainer_args") or []),
                        schedule, duration if duration is not None else found.get("duration"), env=dict(env or {}),
-                       ranks=_uniform_ranks(found.get("learner_args")))
+                       ranks=_uniform_ranks(found.get("learner_args")),
+                       warm_spares=found.get("warm_spares") if isinstance(found.get("warm_spares"), int) else 0)
     _remember(node, record)
     return _artifacts_root(request.config) / sanitize_nodeid(node.nodeid)
 
@@ -437,10 +453,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
     s = cluster_settings
     run_dir = tmp_path / "run"
     trainer_args = chaos_options.trainer_args(s.trainer_args)
+    spares = chaos_options.spares_for(chaos_options.backend)
     _remember(request.node, RunRecord(run_dir, s.learners, chaos_options.backend, s.mode, s.data,
-                                      list(trainer_args)))
+                                      list(trainer_args), warm_spares=spares))
     c = runner.make_cluster(chaos_options.backend, run_dir, s.learners, mode=s.mode, data=s.data,
-                            trainer_args=list(trainer_args))
+                            trainer_args=list(trainer_args), warm_spares=spares)
     if getattr(c, "run_dir", None) is None:
         c.run_dir = run_dir
     started = False
@@ -599,10 +616,12 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
     trainer_args = chaos_options.trainer_args(kw.get("trainer_args") or [])
     mode = kw.get("mode") or DEFAULT_MODE
     run_dir = tmp_path / "run"
+    spares = chaos_options.spares_for(chaos_options.backend)
     _remember(request.node, RunRecord(run_dir, learners, chaos_options.backend, mode, DEFAULT_DATA, trainer_args,
-                                      schedule, kw.get("duration")))
+                                      schedule, kw.get("duration"), warm_spares=spares))
     result = runner.run_schedule(schedule, run_dir, backend=chaos_options.backend, learners=learners,
-                                 duration=kw.get("duration"), mode=mode, trainer_args=trainer_args)
+                                 duration=kw.get("duration"), mode=mode, trainer_args=trainer_args,
+                                 warm_spares=spares)
     request.node.stash[_result] = result
     return result
 

@@ -113,7 +113,8 @@ def test_options_are_listed_in_help(pytester: pytest.Pytester) -> None:
     result = run_inner(pytester, "--help")
     out = result.stdout.str()
     assert "islands chaos" in out
-    for option in ("--chaos-backend", "--chaos-seed", "--chaos-learners", "--chaos-artifacts", "--chaos-streaming"):
+    for option in ("--chaos-backend", "--chaos-seed", "--chaos-learners", "--chaos-artifacts", "--chaos-streaming",
+                   "--chaos-warm-spares"):
         assert option in out, option
 
 
@@ -585,6 +586,28 @@ def test_replay_command_of_units_of_several_ranks() -> None:
     assert _uniform_ranks({"1": ["--ranks", "3"]}) == 3
     assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--threads", "1"]}) == 1
     assert _uniform_ranks(None) == 1
+
+
+def test_warm_spares_reach_run_json_and_the_replay_command_on_the_local_backend_only() -> None:
+    from chaos.pytest_plugin import ChaosOptions, RunRecord, replay_command
+    record = RunRecord(Path("/r"), 2, warm_spares=2)
+    assert "--learners 2 --warm-spares 2" in replay_command("s.yaml", record)
+    assert record.run_json()["warm_spares"] == 2
+    assert "warm_spares" not in RunRecord(Path("/r"), 2).run_json()
+    options = ChaosOptions(warm_spares=3)
+    assert options.spares_for("local") == 3 and options.spares_for("compose") == 0
+
+
+def test_the_warm_spares_option_parses_and_refuses_a_negative_count(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_spares="""
+        def test_spares(chaos_options, pytestconfig):
+            assert chaos_options.warm_spares == pytestconfig.getoption("chaos_warm_spares")
+    """)
+    run_inner(pytester).assert_outcomes(passed=1)
+    run_inner(pytester, "--chaos-warm-spares", "2").assert_outcomes(passed=1)
+    bad = run_inner(pytester, "--chaos-warm-spares", "-1")
+    assert bad.ret != 0
+    assert "--chaos-warm-spares: must be >= 0" in bad.stderr.str()
 
 
 def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path,
