@@ -19,14 +19,16 @@ logs, all on one monotonic clock:
   * rejoin: the restart (the controller's `stop` action) -> the first `merge` whose
     contributors include the new incarnation, split into
       start-up     restart -> the syncer's `join` of the new incarnation (interpreter,
-                   torch import and warm-up, HELLO: Python + torch, not the protocol),
+                   torch import and warm-up, HELLO: Python + torch, not the protocol;
+                   with --warm-spares, the default, a spare has paid the imports already),
       training     join -> its first push accepted (H inner steps),
       merge wait   push accepted -> the merge that contains it.
 
 Goal (issue 7): detection <= 1 s and rejoin <= 2 s at the median. Prints a table of
 n / median / p90 / max, writes bench/out/recovery.json and a histogram bench/out/recovery.png.
 
-    python bench/recovery.py [--learners 3] [--kills 24] [--interval 5] [--down 2] [--pacing adaptive] [--quick]
+    python bench/recovery.py [--learners 3] [--kills 24] [--interval 5] [--down 2] [--pacing adaptive]
+                             [--warm-spares 1] [--quick]
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ OUT = ROOT / "bench" / "out" / "recovery.json"
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 DETECTION_GOAL = 1.0
 REJOIN_GOAL = 2.0
+WARM_SPARES = 1     # restarts take a warm spare process (chaos/spares.py)
 TAIL_SECONDS = 15.0  # after the last restart: time for its rejoin to complete
 SEGMENTS = ("startup_s", "training_s", "merge_wait_s")
 MEASURES = {  # row key -> table label
@@ -322,11 +325,11 @@ t = [time.monotonic()]
 import torch
 t.append(time.monotonic())
 from trainer.data import load_corpus
-from trainer.learner import _warm_up_torch
+from trainer.learner import warm_up_torch
 t.append(time.monotonic())
 load_corpus("markov")
 t.append(time.monotonic())
-_warm_up_torch(1)
+warm_up_torch(1)
 t.append(time.monotonic())
 print(json.dumps(t))
 """
@@ -420,7 +423,7 @@ def run_cluster(run_dir: Path, schedule, learners: int, trainer_args: list[str],
     # A registry name of our own: LocalCluster.start() kills whatever an earlier cluster of
     # the same name left behind, and the default name is shared with the test suite.
     cluster = LocalCluster(run_dir, learners=learners, trainer_args=trainer_args,
-                           name=f"islands-bench-recovery-{os.getpid()}")
+                           name=f"islands-bench-recovery-{os.getpid()}", warm_spares=args.warm_spares)
     history = History(run_dir / HISTORY_FILE)
     try:
         cluster.start()
@@ -453,11 +456,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tail", type=float, default=TAIL_SECONDS, help="fixed: seconds after the last kill's schedule")
     ap.add_argument("--startup-reference", type=int, default=3,
                     help="time a bare learner-like start-up (imports, corpus, torch warm-up) this many times first")
+    ap.add_argument("--warm-spares", type=int, default=WARM_SPARES,
+                    help=f"warm spare processes restarts take (default {WARM_SPARES}; 0: every restart starts "
+                         "Python cold and imports torch, which is then most of the rejoin)")
     ap.add_argument("--quick", action="store_true", help="6 kills: proves the script end to end")
     ap.add_argument("--keep", help="keep the run directory here (default: a temporary one)")
     ap.add_argument("--out", default=str(OUT))
     ap.add_argument("--png", default=None, help="default: --out with .png")
     args = ap.parse_args(argv)
+    if args.warm_spares < 0:
+        ap.error(f"--warm-spares: must be >= 0, got {args.warm_spares}")
     if args.quick:
         args.kills = min(args.kills, 6)
         args.interval = min(args.interval, 4.0)
@@ -497,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.platform(), "cpus": os.cpu_count(), "load_average_at_start": load,
         "wall_seconds": round(wall, 1),
         "learners": args.learners, "kills": args.kills, "interval": args.interval, "down": args.down,
-        "pacing": args.pacing,
+        "pacing": args.pacing, "warm_spares": args.warm_spares,
         "heartbeat_interval": args.heartbeat_interval, "heartbeat_timeout": args.heartbeat_timeout,
         "trainer_args": trainer_args, "backend": "local (each learner behind its own proxy)",
         "goals": {"detection_median_s": DETECTION_GOAL, "rejoin_median_s": REJOIN_GOAL},

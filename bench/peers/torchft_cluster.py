@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from chaos.backends.base import Cluster, UnknownTarget, UnsupportedFault  # noqa: E402
 from chaos.processes import ManagedProcess, Registry, start_recorded  # noqa: E402
+from chaos.spares import SparePool, start_spares  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.events import EventLog, read_events  # noqa: E402
 
@@ -41,6 +42,7 @@ PEER_SCRIPT = Path(__file__).resolve().parent / "torchft_diloco.py"
 # tests/properties/support.py FAST_TRAINER_ARGS: the small model the property suites train.
 FAST_TRAINER_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8",
                      "--sync-every", "10"]
+SPARE_PRELOAD = ["trainer.warm", "torchft", "torchft.local_sgd"]  # what a group's warm spare imports
 START_TIMEOUT = 30.0      # the lighthouse prints its address within this
 TRAINING_TIMEOUT = 120.0  # every group made an inner step (imports are slow on a loaded box)
 STOP_TIMEOUT = 15.0       # SIGTERM, then SIGKILL
@@ -67,7 +69,7 @@ class TorchftCluster(Cluster):
                  join_timeout_ms: int = 60000, quorum_tick_ms: int = 100, data: str = "markov",
                  trainer_args: list[str] | None = None, peer_args: list[str] | None = None,
                  python: str | os.PathLike | None = None, lighthouse: str | os.PathLike | None = None,
-                 min_replicas: int = 1, name: str = "torchft") -> None:
+                 min_replicas: int = 1, name: str = "torchft", warm_spares: int = 0) -> None:
         if groups < 1:
             raise ValueError(f"groups: must be >= 1, got {groups}")
         if heartbeat_interval_ms >= heartbeat_timeout_ms:
@@ -76,6 +78,8 @@ class TorchftCluster(Cluster):
         self.run_dir = Path(run_dir)
         self.learners = self.groups = groups
         self.learner_args: dict[int, list[str]] = {}
+        self.warm_spares = warm_spares
+        self.spares: SparePool | None = None
         self.sync_every = sync_every
         self.heartbeat_timeout_ms = heartbeat_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -108,6 +112,10 @@ class TorchftCluster(Cluster):
         self.events = EventLog(self.run_dir, "torchft-launcher")
         env = {k: v for k, v in os.environ.items() if k not in TORCHFT_OVERRIDES and k != "VIRTUAL_ENV"}
         self.env = dict(env, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", TORCHFT_USE_OTEL="false")
+        # Restarts of a replica group take a warm spare (torch and torchft imported), as
+        # Islands' learners do with LocalCluster(warm_spares=N): the same start-up for both.
+        self.spares = start_spares(str(self.python), self.env, SPARE_PRELOAD, self.run_dir / "logs",
+                                   self.warm_spares, self.registry)
         self._start_lighthouse()
         for i in range(1, self.groups + 1):
             self._start_group(i, first=True)
@@ -117,7 +125,8 @@ class TorchftCluster(Cluster):
         return f"http://127.0.0.1:{self.lighthouse_port}"
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry)
+        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry,
+                                                    self.spares)
         return proc
 
     def _start_lighthouse(self) -> None:
@@ -174,6 +183,8 @@ class TorchftCluster(Cluster):
                 proc.kill()
         if "lighthouse" in self.procs:
             self.procs["lighthouse"].terminate(STOP_TIMEOUT)
+        if self.spares is not None:
+            self.spares.close()
         self._note("torchft_stop")
         if self.events is not None:
             self.events.close()

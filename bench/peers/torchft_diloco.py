@@ -91,6 +91,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many inner steps")
     p.add_argument("--duration", type=float, default=None, help="stop after this many seconds of training")
     p.add_argument("--threads", type=int, default=1, help="torch threads (Islands learners use 1)")
+    p.add_argument("--speed", type=float, default=1.0,
+                   help="0 < S <= 1: after each step, sleep (1/S - 1) x its own compute time, as Islands' "
+                        "`--speed S --slowdown sleep` does (an emulated accelerator that leaves the CPU free)")
     p.add_argument("--collective-timeout", type=float, default=None,
                    help="seconds for the all-reduce, should_commit and checkpoint fetch "
                         "(default: Islands' --request-timeout)")
@@ -110,7 +113,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="time.monotonic() when the launcher spawned this process (start-up is measured from it)")
     add_train_args(p)
     add_syncer_args(p)
+    p.add_argument("--step-time", type=float, default=0.0,
+                   help="SECONDS: every inner step takes at least this long, as Islands' learner --step-time "
+                        "(an emulated accelerator)")
     args = p.parse_args(argv)
+    if not 0 < args.speed <= 1:
+        p.error(f"--speed: must be in (0, 1], got {args.speed}")
+    if args.step_time < 0:
+        p.error(f"--step-time: must be >= 0, got {args.step_time}")
     if args.replica_group < 1 or args.replica_group > args.groups:
         p.error(f"--replica-group: must be in [1, {args.groups}], got {args.replica_group}")
     if args.fragments != 1 or args.overlap != 0 or args.alpha != 0.0 or args.encoding != "fp32":
@@ -335,7 +345,7 @@ def run(args: argparse.Namespace) -> int:
     tokens_per_step = cfg.tokens_per_step
     events.emit("process_start", role="learner", system="torchft", mode="torchft-diloco",
                 incarnation=state.incarnation, rejoin=state.incarnation > 1, position=sampler.position,
-                threads=args.threads, speed=1.0, corpus=corpus.name, loss_floor=corpus.entropy_rate,
+                threads=args.threads, speed=args.speed, slowdown="sleep", step_time=args.step_time, corpus=corpus.name, loss_floor=corpus.entropy_rate,
                 unigram_entropy=corpus.unigram_entropy, spawned_at=args.spawned_at,
                 startup_s=round(time.monotonic() - args.spawned_at, 3) if args.spawned_at else None,
                 parameters=count_parameters(model), config=cfg.to_dict(),
@@ -361,6 +371,7 @@ def run(args: argparse.Namespace) -> int:
     # (`retracted_tokens`). Rule of thumb, exact when at most two lineages exist at once.
     solo_tokens: list[int] = []
     began = time.monotonic()
+    slot = None  # --step-time: when the current step's slot began
     reason = "stopped"
     code = 0
     try:
@@ -394,6 +405,14 @@ def run(args: argparse.Namespace) -> int:
                 events.emit("inner_step", step=step, loss=float(loss.detach()), tokens=tokens_per_step,
                             compute_s=round(computed - started, 5), incarnation=state.incarnation,
                             position=sampler.position, manager_step=manager.current_step())
+                if args.step_time > 0:  # as trainer.learner's _pace: one step per slot, no catch-up
+                    now = time.perf_counter()
+                    due = (slot if slot is not None else started) + args.step_time
+                    if due > now:
+                        stop.wait(due - now)
+                    slot = max(due, now)
+                elif args.speed < 1.0:
+                    stop.wait((computed - started) * (1.0 / args.speed - 1.0))
                 if probe.commit is None:
                     continue
                 sync = dict(quorum_id=probe.quorum_id, participants=probe.participants,

@@ -142,6 +142,51 @@ def test_the_window_is_the_controllers_begin_to_its_final_heal():
     assert goodput.schedule_window([], [{"t": 1.0}, {"t": 60.0}]) == (1.0, 60.0)
 
 
+def _kill_history(start: float = 10.0, end: float = 110.0) -> list[dict]:
+    return [{"t": start, "event": "begin"},
+            {"t": 20.0, "event": "start", "index": 0, "kind": "kill", "ok": True,
+             "fault": {"kind": "kill", "target": "learner-1"}},
+            {"t": 25.0, "event": "stop", "index": 0, "kind": "kill", "fault": {"kind": "kill", "target": "learner-1"}},
+            {"t": 105.0, "event": "start", "index": 1, "kind": "kill", "ok": True,
+             "fault": {"kind": "kill", "target": "learner-2"}},  # its restart falls after the window
+            {"t": 112.0, "event": "stop", "index": 1, "kind": "kill", "fault": {"kind": "kill", "target": "learner-2"}},
+            {"t": 50.0, "event": "start", "index": 2, "kind": "kill", "ok": False,  # failed: not held down
+             "fault": {"kind": "kill", "target": "learner-3"}},
+            {"t": 60.0, "event": "start", "index": 3, "kind": "kill", "ok": True,  # a rank: the unit stays up
+             "fault": {"kind": "kill", "target": "learner-4/rank-1"}},
+            {"t": end, "event": "heal", "reason": "end"}]
+
+
+def test_held_down_counts_each_kill_from_the_kill_to_the_restart_inside_the_window():
+    assert goodput.held_down(_kill_history(), 10.0, 110.0) == {1: 5.0, 2: 5.0}
+    assert goodput.held_down(_kill_history(), 22.0, 110.0) == {1: 3.0, 2: 5.0}
+
+
+def test_available_goodput_charges_a_system_only_for_the_learners_it_had():
+    history = _kill_history()
+    rates = {"1": 100.0, "2": 100.0, "3": 100.0, "4": 100.0}
+    events = [{"t": 5.0, "kind": "merge", "contributors": [{"tokens": 999}]},  # before the window: not counted
+              {"t": 50.0, "kind": "merge", "contributors": [{"tokens": 30000}, {"tokens": 9000}],
+               "fragment_share": 1.0},
+              {"t": 109.0, "kind": "merge", "contributors": [{"tokens": 4000}], "fragment_share": 0.5}]
+    row = goodput.available_goodput(events, history, {"learner_rates_tokens_per_s": rates})
+    # window 100 s; learners 1 and 2 held down 5 s each: 100 * (100 + 100 + 95 + 95) = 39,000
+    assert row["capacity_available_tokens"] == 39000.0
+    assert row["tokens_merged_in_window"] == 41000.0
+    assert row["goodput_available"] == pytest.approx(41000 / 39000, abs=1e-4)
+    assert row["goodput_cap"] == pytest.approx(39000 / 40000, abs=1e-4)
+    assert row["held_down_seconds"] == {"1": 5.0, "2": 5.0}
+    empty = goodput.available_goodput(events, history, {})
+    assert empty["goodput_available"] is None
+
+
+def test_merged_in_counts_as_trainer_metrics_does():
+    from trainer.metrics import merged_tokens
+    events = [{"t": 1.0, "kind": "merge", "contributors": [{"tokens": 10}, {"tokens": 30}], "fragment_share": 0.25},
+              {"t": 2.0, "kind": "sync_step", "tokens": 7}, {"t": 3.0, "kind": "inner_step", "tokens": 5}]
+    assert sum(goodput.merged_in(e) for e in events) == merged_tokens(events) == 17.0
+
+
 def test_thrown_away_tokens_are_summed_by_cause():
     events = [{"kind": "apply", "discarded_tokens": 1024}, {"kind": "apply", "discarded_tokens": 0},
               {"kind": "push_dropped", "tokens": 5120}, {"kind": "sync_failed", "discarded_tokens": 512},
@@ -177,7 +222,8 @@ def test_a_short_last_bin_joins_the_one_before():
 
 # ----------------------------------------------------------------------------- goals and table
 def _row(goodput_value, **extra):
-    return {"goodput": goodput_value, **extra}
+    """Goals are judged on goodput of the available capacity; `goodput` (all capacity) is lower."""
+    return {"goodput_available": goodput_value, "goodput": goodput_value * 0.8, "goodput_cap": 0.85, **extra}
 
 
 def test_goals_are_met_or_not_and_na_when_a_system_did_not_run():
@@ -188,6 +234,12 @@ def test_goals_are_met_or_not_and_na_when_a_system_did_not_run():
     assert "1.20x" in missed[2]["detail"]
     partial = goodput.goals({"decoupled": _row(0.6), "torchft": {"error": "RuntimeError: no torchft"}})
     assert [g["met"] for g in partial] == [False, None, None]
+
+
+def test_goal_details_give_both_definitions():
+    met = goodput.goals({"decoupled": _row(0.95), "sync": _row(0.2)})
+    assert met[0]["detail"] == "95.0% of available capacity (of all capacity: 76.0%, capped at 85.0%)"
+    assert met[1]["detail"].startswith("20.0% of available capacity")
 
 
 def test_the_torchft_goal_says_it_took_the_kills_only():
@@ -234,7 +286,16 @@ def test_quick_shortens_the_run_and_explicit_values_win():
     assert goodput.parse_args(["--systems", "torchft,decoupled"]).systems == ["decoupled", "torchft"]
 
 
-@pytest.mark.parametrize("argv", [["--systems", "decoupled,nope"], ["--systems", ","], ["--duration", "10"]])
+def test_the_emulated_accelerator_spares_and_adoption_have_defaults_and_flags():
+    args = goodput.parse_args([])
+    assert (args.step_time, args.warm_spares, args.adopt) == (goodput.STEP_TIME, goodput.WARM_SPARES, "rebase")
+    bare = goodput.parse_args(["--step-time", "0", "--warm-spares", "0", "--adopt", "mix"])
+    assert (bare.step_time, bare.warm_spares, bare.adopt) == (0.0, 0, "mix")
+    assert goodput.step_time_flags(0.0) == [] and goodput.step_time_flags(0.025) == ["--step-time", "0.025"]
+
+
+@pytest.mark.parametrize("argv", [["--systems", "decoupled,nope"], ["--systems", ","], ["--duration", "10"],
+                                  ["--step-time", "-1"], ["--warm-spares", "-1"], ["--adopt", "merge"]])
 def test_bad_options_are_refused(argv, capsys):
     with pytest.raises(SystemExit):
         goodput.parse_args(argv)
