@@ -102,6 +102,8 @@ Reading the numbers:
     python bench/goodput.py [--quick] [--systems decoupled,sync,torchft] [--seed 7]
                             [--duration 150] [--step-time 0.025] [--warm-spares 2]
                             [--adopt rebase] [--out bench/out/goodput.json]
+    python bench/goodput.py --median-of RUN1.json RUN2.json RUN3.json
+        the median of each figure over separate runs (bench/out/goodput-median.json)
 
 The processes of a run are registered under a private ISLANDS_HOME (bench/out/work/
 goodput-home, unless ISLANDS_HOME is set): chaos clusters reap the leftovers of earlier
@@ -666,6 +668,84 @@ def plot_system(row: dict, run_dir: Path, path: Path) -> None:
     fig.savefig(path, facecolor="white")
 
 
+# --------------------------------------------------------------------------- medians of runs
+MEDIAN_FIELDS = ("goodput_available", "goodput", "goodput_cap", "net_goodput", "final_loss", "tokens_processed",
+                 "tokens_merged", "commits", "kills_applied", "incarnations", "elapsed_seconds")
+
+
+def _median(values: list) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def median_rows(docs: list[dict]) -> dict[str, dict]:
+    """One row per system holding the median of each figure over the runs `docs` (the JSON
+    of separate `bench/goodput.py` runs); `runs` lists each run's goodput of the available
+    capacity, and `checks` every run's verdict."""
+    systems = [s for s in SYSTEMS if any(s in d.get("systems", {}) for d in docs)]
+    rows: dict[str, dict] = {}
+    for system in systems:
+        ok = [d["systems"][system] for d in docs if not d.get("systems", {}).get(system, {}).get("error")
+              and system in d.get("systems", {})]
+        if not ok:
+            rows[system] = {"system": system, "error": "no run of it succeeded"}
+            continue
+        row: dict = {"system": system, "runs": [r.get("goodput_available") for r in ok]}
+        for key in MEDIAN_FIELDS:
+            row[key] = _median([r.get(key) for r in ok])
+        for key in ("tokens_processed", "tokens_merged", "commits", "kills_applied", "incarnations"):
+            if row[key] is not None:
+                row[key] = int(row[key])
+        row["downtime"] = {k: _median([r["downtime"][k] for r in ok]) for k in ("seconds", "window_seconds",
+                                                                                   "longest_gap")}
+        row["thrown_away"] = {"total": int(_median([r["thrown_away"]["total"] for r in ok]))}
+        row["faults_applied"] = ok[0].get("faults_applied")
+        row["checks"] = ", ".join(sorted({str(r.get("checks")) for r in ok}))
+        rows[system] = row
+    return rows
+
+
+def ratio_per_run(docs: list[dict]) -> list[float | None]:
+    """Islands decoupled ÷ torchft goodput (available capacity) within each run."""
+    out = []
+    for d in docs:
+        dec = (d.get("systems", {}).get("decoupled") or {}).get("goodput_available")
+        tft = (d.get("systems", {}).get("torchft") or {}).get("goodput_available")
+        out.append(round(dec / tft, 3) if dec and tft else None)
+    return out
+
+
+def summarize_runs(paths: list[str], out: Path | None) -> int:
+    docs = []
+    for path in paths:
+        try:
+            docs.append(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            print(f"--median-of: cannot read {path}: {exc}", file=sys.stderr)
+            return 2
+    rows = median_rows(docs)
+    verdicts = goals(rows)
+    ratios = ratio_per_run(docs)
+    print(f"median of {len(docs)} runs ({', '.join(paths)}):")
+    print(format_table(rows))
+    for system, row in rows.items():
+        if not row.get("error"):
+            print(f"{system}: goodput of available capacity per run "
+                  + ", ".join(_cell(v, ".1%") for v in row["runs"]))
+    print("Islands / torchft per run: " + ", ".join(_cell(r, ".2f") + "x" for r in ratios))
+    print("goals (on the medians):")
+    print(format_goals(verdicts))
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"runs": paths, "configs": [d.get("config") for d in docs], "systems": rows,
+                                   "ratio_per_run": ratios, "goals": verdicts}, indent=1, default=str))
+        print(f"wrote {out}")
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -714,7 +794,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--median-of"]:
+        if len(argv) < 2:
+            print("usage: goodput.py --median-of RUN.json [RUN.json ...]  (writes bench/out/goodput-median.json)",
+                  file=sys.stderr)
+            return 2
+        return summarize_runs(argv[1:], OUT_DIR / "goodput-median.json")
+    args = parse_args(argv)
     os.environ.setdefault("ISLANDS_HOME", str(OUT_DIR / "work" / "goodput-home"))
     out = Path(args.out)
     runs = out.parent / "goodput-runs"

@@ -321,3 +321,42 @@ def test_the_newest_committed_torchft_parameters_are_evaluated(tmp_path):
     assert out["eval_of"] == "group-1.pt" and out["eval_manager_step"] == 7
     assert 0 < out["final_loss"] < 10
     assert goodput.torchft_final_loss(tmp_path / "none")["final_loss"] is None
+
+
+# ----------------------------------------------------------------------------- medians of runs
+def _run_doc(dec: float, syn: float, tft: float | None) -> dict:
+    def row(system, value):
+        return {"system": system, "goodput_available": value, "goodput": value * 0.8, "goodput_cap": 0.8,
+                "final_loss": 1.7 + value / 100, "tokens_processed": int(value * 1000), "tokens_merged": value * 900,
+                "commits": 10, "kills_applied": 24, "incarnations": 28, "elapsed_seconds": 160.0,
+                "downtime": {"seconds": 1.0, "window_seconds": 150.0, "longest_gap": 1.0},
+                "thrown_away": {"total": 5}, "faults_applied": "all", "checks": "pass"}
+    systems = {"decoupled": row("decoupled", dec), "sync": row("sync", syn)}
+    systems["torchft"] = row("torchft", tft) if tft is not None else {"system": "torchft", "error": "no torchft"}
+    return {"config": {"seed": 7}, "systems": systems}
+
+
+def test_the_median_of_runs_takes_each_figure_over_the_runs_that_succeeded():
+    docs = [_run_doc(0.95, 0.72, 0.62), _run_doc(0.96, 0.70, None), _run_doc(0.94, 0.69, 0.59)]
+    rows = goodput.median_rows(docs)
+    assert rows["decoupled"]["goodput_available"] == 0.95 and rows["decoupled"]["runs"] == [0.95, 0.96, 0.94]
+    assert rows["sync"]["goodput_available"] == 0.70
+    assert rows["torchft"]["goodput_available"] == pytest.approx((0.62 + 0.59) / 2), "two runs: their mean"
+    assert rows["decoupled"]["tokens_processed"] == 950 and rows["decoupled"]["checks"] == "pass"
+    assert goodput.ratio_per_run(docs) == [pytest.approx(0.95 / 0.62, abs=1e-3), None,
+                                           pytest.approx(0.94 / 0.59, abs=1e-3)]
+    assert [g["met"] for g in goodput.goals(rows)] == [True, False, True]
+
+
+def test_median_of_prints_the_table_and_refuses_an_unreadable_file(tmp_path, capsys):
+    paths = []
+    for i, doc in enumerate([_run_doc(0.95, 0.2, 0.5), _run_doc(0.91, 0.25, 0.5)]):
+        path = tmp_path / f"r{i}.json"
+        path.write_text(__import__("json").dumps(doc))
+        paths.append(str(path))
+    assert goodput.summarize_runs(paths, tmp_path / "median.json") == 0
+    out = capsys.readouterr().out
+    assert "median of 2 runs" in out and "93.0%" in out and "Islands / torchft per run: 1.90x, 1.82x" in out
+    assert (tmp_path / "median.json").is_file()
+    assert goodput.summarize_runs([str(tmp_path / "missing.json")], None) == 2
+    assert "cannot read" in capsys.readouterr().err
