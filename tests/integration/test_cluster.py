@@ -19,6 +19,7 @@ from trainer.launch import evaluate, final_parameters
 from .cluster_helpers import contributed, make_cluster, merges, wait_for
 
 pytestmark = pytest.mark.integration
+SMALL_MODEL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8"]
 
 
 @pytest.fixture
@@ -228,9 +229,10 @@ def test_step_time_paces_every_step_and_sets_the_fault_free_rate(run_dir: Path) 
     from trainer.launch import ClusterSpec, LocalCluster
     from trainer.metrics import learner_rates
 
-    step_time = 0.05
+    step_time = 0.05  # the small model's step computes in ~6 ms: the pacing, not the CPU, sets the rate
     cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=2, mode="decoupled", data="markov",
-                                       syncer_flags=["--mode", "decoupled", "--sync-every", "10", "--grace", "0.5"],
+                                       syncer_flags=["--mode", "decoupled", "--sync-every", "10", "--grace", "0.5",
+                                                     *SMALL_MODEL],
                                        learner_flags=["--step-time", str(step_time)]))
     cluster.start()
     try:
