@@ -208,6 +208,42 @@ def measure(direct_port: int, proxy_port: int, size: int, reps: int,
     return direct, proxied, {kind: statistics.median(values) for kind, values in ratios.items()}
 
 
+def plot(result: dict, path: Path) -> None:
+    """Each repetition's throughput, direct and through the proxy, and the ping latencies."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_p) = plt.subplots(1, 2, figsize=(10, 4), gridspec_kw={"width_ratios": [3, 2]})
+    groups = [("upload", "upload_mb_s"), ("download", "download_mb_s")]
+    for k, (label, key) in enumerate(groups):
+        for j, (path_name, color) in enumerate((("direct", "tab:gray"), ("proxy", "tab:blue"))):
+            values = result[path_name][key]
+            x = k * 3 + j
+            ax_t.scatter([x] * len(values), values, color=color, alpha=0.6, s=18,
+                         label=path_name if k == 0 else None)
+            ax_t.hlines(result[path_name][f"{key.replace('_mb_s', '')}_median_mb_s"], x - 0.3, x + 0.3, color=color)
+        ratio = result[f"ratio_{label}"]
+        ax_t.annotate(f"{ratio:.2f}x", (k * 3 + 0.5, result["proxy"][f"{label}_median_mb_s"]),
+                      textcoords="offset points", xytext=(0, -18), ha="center")
+    ax_t.set_xticks([0.5, 3.5], ["upload", "download"])
+    ax_t.set_ylabel("MB/s")
+    ax_t.set_ylim(bottom=0)
+    ax_t.set_title(f"{result['payload_bytes'] >> 20} MiB payloads, {result['repetitions']} repetitions (lines: medians)")
+    ax_t.legend(loc="lower right")
+    names = ["direct", "proxy"]
+    for j, (q, key) in enumerate((("p50", "ping_median_us"), ("p99", "ping_p99_us"))):
+        ax_p.bar([i + j * 0.4 for i in range(2)], [result[n][key] for n in names], width=0.4, label=q)
+    ax_p.set_xticks([0.2, 1.2], names)
+    ax_p.set_ylabel("µs")
+    ax_p.set_title(f"{result['pings']} pings of 1 KiB, round trip")
+    ax_p.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, facecolor="white")
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=64)
@@ -262,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
+    png = args.out.with_suffix(".png")
+    plot(result, png)
 
     print(f"payload {args.size_mib} MiB x {args.reps} reps (median), client chunk {BUF >> 10} KiB, "
           f"{args.pings} x 1 KiB pings")
@@ -272,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'ratio':<8} {ratio_up:>12.2f} {ratio_down:>14.2f}   (median of medians)")
     print(f"{'paired':<8} {paired['up']:>12.2f} {paired['down']:>14.2f}   (median of per-run ratios)")
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs (other work skews both paths)")
-    print(f"goal >= 0.5x direct: {'met' if result['meets_goal'] else 'NOT met'}; wrote {args.out}")
+    print(f"goal >= 0.5x direct: {'met' if result['meets_goal'] else 'NOT met'}; wrote {args.out} and {png}")
     return 0
 
 
