@@ -244,9 +244,14 @@ def test_step_time_paces_every_step_and_sets_the_fault_free_rate(run_dir: Path) 
     starts = [e for e in events if e["kind"] == "process_start" and e.get("role") == "learner"]
     assert sorted(e["step_time"] for e in starts) == [step_time, step_time]
     for i in (1, 2):
+        # Slots are T apart; an event lands after its step's compute, so one gap between
+        # events can be short by the jitter of two computes, never a whole slot.
         times = [e["t"] for e in events if e["kind"] == "inner_step" and e["learner"] == i][:40]
         gaps = sorted(b - a for a, b in zip(times, times[1:]))
-        assert gaps[0] >= 0.9 * step_time, f"learner {i}: two steps {gaps[0]:.4f}s apart under --step-time {step_time}"
+        span = times[-1] - times[0]
+        assert span >= (len(times) - 2) * step_time, \
+            f"learner {i}: {len(times)} steps in {span:.3f}s under --step-time {step_time}"
+        assert gaps[len(gaps) // 2] >= 0.9 * step_time, f"learner {i}: median gap {gaps[len(gaps) // 2]:.4f}s"
     tokens = next(e["tokens"] for e in events if e["kind"] == "inner_step")
     rates = learner_rates(events)
     assert rates == {1: pytest.approx(tokens / step_time), 2: pytest.approx(tokens / step_time)}
