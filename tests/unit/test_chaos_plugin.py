@@ -39,9 +39,9 @@ CALLS = []
 
 
 def fake_run_schedule(schedule, run_dir, backend="local", learners=3, duration=None, mode="decoupled",
-                      data="markov", trainer_args=None, checker_options=None, learner_args=None):
+                      data="markov", trainer_args=None, checker_options=None, learner_args=None, warm_spares=0):
     CALLS.append(dict(schedule=schedule, run_dir=run_dir, backend=backend, learners=learners,
-                      duration=duration, mode=mode, data=data, trainer_args=trainer_args))
+                      duration=duration, mode=mode, data=data, trainer_args=trainer_args, warm_spares=warm_spares))
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
     (run_dir / "run.json").write_text(json.dumps({"backend": backend, "learners": learners}))
@@ -86,8 +86,9 @@ class FakeCluster:
 CLUSTERS = []
 
 
-def fake_make_cluster(backend, run_dir, learners, mode, data, trainer_args, learner_args=None):
+def fake_make_cluster(backend, run_dir, learners, mode, data, trainer_args, learner_args=None, warm_spares=0):
     CLUSTERS.append(FakeCluster(run_dir, learners))
+    CLUSTERS[-1].warm_spares = warm_spares
     return CLUSTERS[-1]
 
 
