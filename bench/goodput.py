@@ -646,7 +646,8 @@ def plot_system(row: dict, run_dir: Path, path: Path) -> None:
                 bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
     skipped = row.get("faults_not_applied")
     note = f" (not applied, no link proxies: {', '.join(skipped)})" if skipped else ""
-    ax_f.set_title(f"{row['system']}: goodput {_cell(row.get('goodput'), '.1%')}, global downtime "
+    ax_f.set_title(f"{row['system']}: goodput {_cell(row.get('goodput_available'), '.1%')} of available capacity "
+                   f"({_cell(row.get('goodput'), '.1%')} of all), global downtime "
                    f"{row['downtime']['seconds']:.1f} s of {row['downtime']['window_seconds']:.0f} s, final loss "
                    f"{_cell(row.get('final_loss'), '.4f')}{note}", fontsize=10)
     tp = row["throughput"]
