@@ -119,6 +119,7 @@ import os
 import platform
 import random
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -127,6 +128,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from faults import Kill, Latency, Partition, Schedule  # noqa: E402
+from trainer.metrics import event_merged_tokens  # noqa: E402
 
 OUT_DIR = ROOT / "bench" / "out"
 SYSTEMS = ("decoupled", "sync", "torchft")
@@ -291,7 +293,8 @@ def held_down(history: list[dict], start: float, end: float) -> dict[int, float]
     return down
 
 
-def available_goodput(events: list[dict], history: list[dict], summary: dict) -> dict:
+def available_goodput(events: list[dict], history: list[dict], summary: dict,
+                      window: tuple[float, float]) -> dict:
     """Goodput over the capacity the schedule left, in the schedule's window (the
     controller's `begin`, after every learner has stepped, to its final heal): the tokens
     merged in the window ÷ Σ over learners of its fault-free rate × (window − the seconds
@@ -305,31 +308,22 @@ def available_goodput(events: list[dict], history: list[dict], summary: dict) ->
     steps. Partitioned and slowed learners stay available: keeping them useful is the
     system's job."""
     rates = {int(k): float(v) for k, v in (summary.get("learner_rates_tokens_per_s") or {}).items()}
-    start, end = schedule_window(history, events)
-    window = end - start
-    if not rates or window <= 0:
+    start, end = window
+    seconds = end - start
+    if not rates or seconds <= 0:
         return {"goodput_available": None, "capacity_available_tokens": None, "held_down_seconds": {},
                 "goodput_cap": None}
     down = held_down(history, start, end)
     mean_rate = sum(rates.values()) / len(rates)
     learners = range(1, LEARNERS + 1)
-    full = sum(rates.get(i, mean_rate) for i in learners) * window
-    available = sum(rates.get(i, mean_rate) * max(0.0, window - down.get(i, 0.0)) for i in learners)
-    merged = sum(merged_in(e) for e in events if start <= float(e["t"]) <= end)
+    full = sum(rates.get(i, mean_rate) for i in learners) * seconds
+    available = sum(rates.get(i, mean_rate) * max(0.0, seconds - down.get(i, 0.0)) for i in learners)
+    merged = sum(event_merged_tokens(e) for e in events if start <= float(e["t"]) <= end)
     return {"goodput_available": round(merged / available, 4) if available > 0 else None,
             "capacity_available_tokens": round(available, 1),
             "tokens_merged_in_window": round(merged, 1),
             "held_down_seconds": {str(k): round(v, 2) for k, v in sorted(down.items())},
             "goodput_cap": round(available / full, 4) if full > 0 else None}
-
-
-def merged_in(event: dict) -> float:
-    """Tokens an event merged, as trainer.metrics.merged_tokens counts them (0 for others)."""
-    if event["kind"] == "merge":
-        return sum(c["tokens"] for c in event["contributors"]) * float(event.get("fragment_share", 1.0))
-    if event["kind"] == "sync_step":
-        return float(event["tokens"])
-    return 0.0
 
 
 def schedule_window(history: list[dict], events: list[dict]) -> tuple[float, float]:
@@ -362,7 +356,7 @@ def throughput_series(events: list[dict], start: float, end: float, width: float
             total[b] += e["tokens"]
             per.setdefault(str(e["learner"]), [0.0] * nbins)[b] += e["tokens"]
         else:
-            merged[b] += merged_in(e)
+            merged[b] += event_merged_tokens(e)
 
     def rate(series: list[float]) -> list[float]:
         return [round(v / w, 1) for v, w in zip(series, sizes)]
@@ -485,7 +479,7 @@ def common_row(system: str, events: list[dict], history: list[dict], summary: di
     return {
         "system": system,
         "goodput": summary.get("goodput"),
-        **available_goodput(events, history, summary),
+        **available_goodput(events, history, summary, (start, end)),
         "tokens_processed": summary.get("tokens_processed"),
         "tokens_merged": summary.get("tokens_merged"),
         "capacity_tokens": summary.get("capacity_tokens"),
@@ -675,11 +669,9 @@ MEDIAN_FIELDS = ("goodput_available", "goodput", "goodput_cap", "net_goodput", "
 
 
 def _median(values: list) -> float | None:
-    values = sorted(v for v in values if v is not None)
-    if not values:
-        return None
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    """The median of the values that are there (a run may lack a figure), or None."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
 def median_rows(docs: list[dict]) -> dict[str, dict]:

@@ -32,6 +32,7 @@ from .fragments import FragmentClock
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
 from .model import build_model
 from .pushes import OutgoingPush, PushQueue
+from .pacing import StepPacer
 from .ranks import Group, RankGroup, SoloGroup, param_digest
 from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer
@@ -97,7 +98,7 @@ class Learner:
         self.corpus = corpus
         self.mode = mode
         self.stop = threading.Event()
-        self._slot: float | None = None  # --step-time: when the current step's slot began
+        self.pacer = StepPacer(opts.speed, opts.slowdown, opts.step_time)  # --speed / --step-time
         # Set once the loop has queued its last (residual) pushes: only then may the network
         # thread finish, when the queue is empty. Exiting on `stop` alone raced the residual push.
         self.closing = threading.Event()
@@ -182,32 +183,6 @@ class Learner:
         loss.backward()
         return float(loss.detach()), started
 
-    def _throttle(self, compute_s: float) -> None:
-        if self.opts.step_time > 0:
-            self._pace(compute_s)
-            return
-        if self.opts.speed >= 1.0:
-            return
-        extra = compute_s * (1.0 / self.opts.speed - 1.0)
-        if self.opts.slowdown == "sleep":
-            self.stop.wait(extra)
-            return
-        deadline = time.perf_counter() + extra  # spin: other processes see a busy core, as with a slow chip
-        while time.perf_counter() < deadline and not self.stop.is_set():
-            pass
-
-    def _pace(self, compute_s: float) -> None:
-        """--step-time: steps start at most once per step_time, as on an accelerator that
-        takes that long per step while the host's own work (logging, pushes) overlaps it.
-        A step that ran over starts the next slot late; nothing catches up in a burst."""
-        now = time.perf_counter()
-        if self._slot is None:
-            self._slot = now - compute_s  # the first slot began when the first step did
-        due = self._slot + self.opts.step_time
-        if due > now:
-            self.stop.wait(due - now)
-        self._slot = max(due, now)
-
     def run(self) -> int:
         warm_up_torch(self.opts.threads)
         if self.opts.ranks > 1:
@@ -277,7 +252,7 @@ class Learner:
                              position=self.sampler.position)
             for f in clock.due(step):
                 push(f)
-            self._throttle(compute_s)
+            self.pacer.after_step(compute_s, self.stop)
         if self.fatal:
             raise self.fatal
         self._report_final_params()
@@ -321,7 +296,7 @@ class Learner:
                 break
             _, compute_s = self._train_step()
             step += 1
-            self._throttle(compute_s)
+            self.pacer.after_step(compute_s, self.stop)
         self.events.emit("rank_stop", rank=self.group.rank, steps=step, incarnation=self.incarnation,
                          digest=param_digest(self.params))
         return 0
@@ -502,7 +477,7 @@ class Learner:
                              compute_s=round(compute_s, 5), round=self.round, incarnation=self.incarnation,
                              position=self.sampler.position,
                              dt=round(time.perf_counter() - started, 5), wire_bytes=reply.wire_bytes)
-            self._throttle(compute_s)
+            self.pacer.after_step(compute_s, self.stop)
         self.stop.set()
         self._bye()
         self.events.emit("process_stop", role="learner", steps=step,

@@ -43,14 +43,18 @@ def learner_rates(events: Iterable[dict]) -> dict[int, float]:
     return rates
 
 
+def event_merged_tokens(event: dict) -> float:
+    """Useful tokens one event merged: a merge's contributors weighted by its fragment's
+    share of the parameters, or a sync round's tokens; 0 for any other event."""
+    if event["kind"] == "merge":
+        return sum(c["tokens"] for c in event["contributors"]) * float(event.get("fragment_share", 1.0))
+    if event["kind"] == "sync_step":
+        return float(event["tokens"])
+    return 0.0
+
+
 def merged_tokens(events: Iterable[dict]) -> float:
-    total = 0.0
-    for e in events:
-        if e["kind"] == "merge":
-            total += sum(c["tokens"] for c in e["contributors"]) * float(e.get("fragment_share", 1.0))
-        elif e["kind"] == "sync_step":
-            total += e["tokens"]
-    return total
+    return sum(event_merged_tokens(e) for e in events)
 
 
 def summarize(events: list[dict], num_learners: int) -> dict:

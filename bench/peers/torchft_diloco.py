@@ -74,6 +74,7 @@ from trainer.cli_args import add_syncer_args, add_train_args, train_config  # no
 from trainer.data import ShardSampler, load_corpus  # noqa: E402
 from trainer.events import EventLog  # noqa: E402
 from trainer.model import build_model, count_parameters  # noqa: E402
+from trainer.pacing import StepPacer  # noqa: E402
 from trainer.sync_state import make_inner_optimizer  # noqa: E402
 
 STATE_DIR = "torchft"          # under RUN_DIR: incarnation counters, data positions, barrier
@@ -371,7 +372,7 @@ def run(args: argparse.Namespace) -> int:
     # (`retracted_tokens`). Rule of thumb, exact when at most two lineages exist at once.
     solo_tokens: list[int] = []
     began = time.monotonic()
-    slot = None  # --step-time: when the current step's slot began
+    pacer = StepPacer(args.speed, "sleep", args.step_time)
     reason = "stopped"
     code = 0
     try:
@@ -405,14 +406,7 @@ def run(args: argparse.Namespace) -> int:
                 events.emit("inner_step", step=step, loss=float(loss.detach()), tokens=tokens_per_step,
                             compute_s=round(computed - started, 5), incarnation=state.incarnation,
                             position=sampler.position, manager_step=manager.current_step())
-                if args.step_time > 0:  # as trainer.learner's _pace: one step per slot, no catch-up
-                    now = time.perf_counter()
-                    due = (slot if slot is not None else started) + args.step_time
-                    if due > now:
-                        stop.wait(due - now)
-                    slot = max(due, now)
-                elif args.speed < 1.0:
-                    stop.wait((computed - started) * (1.0 / args.speed - 1.0))
+                pacer.after_step(computed - started, stop)  # --speed / --step-time, as Islands' learners
                 if probe.commit is None:
                     continue
                 sync = dict(quorum_id=probe.quorum_id, participants=probe.participants,

@@ -169,22 +169,25 @@ def test_available_goodput_charges_a_system_only_for_the_learners_it_had():
               {"t": 50.0, "kind": "merge", "contributors": [{"tokens": 30000}, {"tokens": 9000}],
                "fragment_share": 1.0},
               {"t": 109.0, "kind": "merge", "contributors": [{"tokens": 4000}], "fragment_share": 0.5}]
-    row = goodput.available_goodput(events, history, {"learner_rates_tokens_per_s": rates})
+    window = goodput.schedule_window(history, events)
+    assert window == (10.0, 110.0)
+    row = goodput.available_goodput(events, history, {"learner_rates_tokens_per_s": rates}, window)
     # window 100 s; learners 1 and 2 held down 5 s each: 100 * (100 + 100 + 95 + 95) = 39,000
     assert row["capacity_available_tokens"] == 39000.0
     assert row["tokens_merged_in_window"] == 41000.0
     assert row["goodput_available"] == pytest.approx(41000 / 39000, abs=1e-4)
     assert row["goodput_cap"] == pytest.approx(39000 / 40000, abs=1e-4)
     assert row["held_down_seconds"] == {"1": 5.0, "2": 5.0}
-    empty = goodput.available_goodput(events, history, {})
+    empty = goodput.available_goodput(events, history, {}, window)
     assert empty["goodput_available"] is None
 
 
-def test_merged_in_counts_as_trainer_metrics_does():
-    from trainer.metrics import merged_tokens
+def test_merged_tokens_count_merges_by_fragment_share_and_sync_rounds_whole():
+    from trainer.metrics import event_merged_tokens, merged_tokens
     events = [{"t": 1.0, "kind": "merge", "contributors": [{"tokens": 10}, {"tokens": 30}], "fragment_share": 0.25},
               {"t": 2.0, "kind": "sync_step", "tokens": 7}, {"t": 3.0, "kind": "inner_step", "tokens": 5}]
-    assert sum(goodput.merged_in(e) for e in events) == merged_tokens(events) == 17.0
+    assert [event_merged_tokens(e) for e in events] == [10.0, 7.0, 0.0]
+    assert merged_tokens(events) == 17.0
 
 
 def test_thrown_away_tokens_are_summed_by_cause():
