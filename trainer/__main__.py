@@ -36,7 +36,7 @@ def _corpus(spec: str, parser: argparse.ArgumentParser):
 def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .syncer import serve
     train = train_config(args, parser, args.learners)
-    cfg = syncer_config(args, parser, args.state_dir, args.host, args.port)
+    cfg = syncer_config(args, parser, args.state_dir, args.host, args.port, args.eval_data or "")
     secret = _secret(args, parser)
     try:
         return serve(cfg, train, secret, args.run_dir, args.address_file)
@@ -205,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=non_negative_int, default=0, help="0 picks a free port")
     p.add_argument("--address-file", help="write {host, port} here once listening")
+    p.add_argument("--eval-data", default=None, metavar="DATA",
+                   help="sample the global parameters' held-out loss on DATA ('markov[:...]' or a text path, as "
+                        "the learners' --data) during the run: global_eval events (default: no sampling)")
     p.set_defaults(func=cmd_syncer)
 
     p = sub.add_parser("learner", help="run one learner unit")

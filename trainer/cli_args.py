@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from .codec import ENCODINGS
-from .config import ADOPT_MODES, GRACE_POLICIES, MODES, PULL_ENCODINGS, SyncerConfig, TrainConfig
+from .config import ADOPT_MODES, GRACE_POLICIES, MODES, MOMENTUM_UNITS, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
 from .argtypes import non_negative_int, positive_float, positive_int  # noqa: F401 (re-exported)
@@ -42,6 +42,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="pseudo-gradients pushed to the syncer (default fp32)")
     g.add_argument("--pull-encoding", choices=PULL_ENCODINGS, default=TrainConfig.pull_encoding,
                    help="merged fragments pulled from the syncer (default fp32; bf16 halves the download)")
+    g.add_argument("--push-window", type=positive_int, default=TrainConfig.push_window,
+                   help="pushes of one fragment a learner may have sent before it adopts the merge holding the "
+                        "first; a due push waits (the learner keeps training) until then (default 1: every push "
+                        "is measured from a global version its learner adopted)")
     g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval)
     g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout)
     g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout)
@@ -68,8 +72,15 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nesterov-delay", type=positive_int, default=SyncerConfig.nesterov_delay,
                    help="k: merges per outer momentum step with --staleness-policy delayed-nesterov "
                         "(default 1: every merge)")
+    g.add_argument("--momentum-unit", choices=MOMENTUM_UNITS, default=SyncerConfig.momentum_unit,
+                   help="round: the outer momentum decays and carries per round's worth of merged weight, so a "
+                        "merge of a third of the learners carries a third of it; merge: every merge is a full "
+                        "Nesterov step (default: round)")
     g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
                    help="frame payload cap in bytes")
+    g.add_argument("--eval-budget", type=positive_float, default=SyncerConfig.eval_budget,
+                   help="share of one core the syncer may spend sampling the global parameters' held-out "
+                        "loss during the run (global_eval events; needs --eval-data) (default 0.1)")
 
 
 def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_learners: int) -> TrainConfig:
@@ -83,20 +94,22 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
             batch_size=args.batch_size,
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
-            request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1))
+            request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1),
+            push_window=args.push_window)
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
 
 
 def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, state_dir: str,
-                  host: str = "127.0.0.1", port: int = 0) -> SyncerConfig:
+                  host: str = "127.0.0.1", port: int = 0, eval_data: str = "") -> SyncerConfig:
     try:
         return SyncerConfig(host=host, port=port, state_dir=state_dir, outer_lr=args.outer_lr,
+                            eval_data=eval_data, eval_budget=args.eval_budget,
                             outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
                             max_staleness=args.max_staleness, max_payload=args.max_payload,
                             staleness_policy=args.staleness_policy, nesterov_delay=args.nesterov_delay,
-                            grace_policy=args.grace_policy)
+                            grace_policy=args.grace_policy, momentum_unit=args.momentum_unit)
     except ValueError as exc:
         parser.error(str(exc))
         raise
@@ -106,8 +119,10 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
     for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
-                 "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "heartbeat_interval", "heartbeat_timeout",
+                 "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
+                 "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
-                 "max_payload", "staleness_policy", "nesterov_delay", "grace_policy"):
+                 "max_payload", "staleness_policy", "nesterov_delay", "grace_policy", "momentum_unit",
+                 "eval_budget"):
         out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
     return out

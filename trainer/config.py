@@ -16,6 +16,7 @@ MODES = ("decoupled", "sync")
 ADOPT_MODES = ("mix", "rebase")
 PULL_ENCODINGS = ("fp32", "bf16")  # global parameters, not deltas: never fewer than 16 bits
 GRACE_POLICIES = ("fixed", "adaptive")
+MOMENTUM_UNITS = ("round", "merge")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class TrainConfig:
     heartbeat_timeout: float = 1.0
     request_timeout: float = 5.0
     max_unsent_pushes: int = 8
+    push_window: int = 1           # pushes of one fragment sent and not yet adopted (1: no pipelining)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -64,6 +66,8 @@ class TrainConfig:
             )
         if self.batch_size < 1:
             raise ValueError(f"batch-size: must be >= 1, got {self.batch_size}")
+        if isinstance(self.push_window, bool) or not isinstance(self.push_window, int) or self.push_window < 1:
+            raise ValueError(f"push-window: must be an integer >= 1, got {self.push_window!r}")
         if self.max_unsent_pushes < self.fragments + 1:
             raise ValueError(f"max-unsent-pushes: must be >= fragments + 1 = {self.fragments + 1}, "
                              f"got {self.max_unsent_pushes}")
@@ -103,10 +107,13 @@ class SyncerConfig:
     staleness_policy: str = "drop"  # drop | discount | delayed-nesterov (outer.py)
     nesterov_delay: int = 1        # k: merges per momentum step under delayed-nesterov
     grace_policy: str = "fixed"    # fixed | adaptive (syncer.py, grace_window)
+    momentum_unit: str = "round"   # round: a partial merge carries its share of momentum; merge: every merge a full step
     max_payload: int = 64 * 1024 * 1024
     max_connections: int = 256
     idle_timeout: float = 30.0     # a connection silent this long is closed
     sync_checkpoint_every: int = 50  # sync mode: rounds between durable checkpoints
+    eval_data: str = ""            # held-out data for sampling Θ's loss during the run ("" = none)
+    eval_budget: float = 0.1       # ... using at most this fraction of one core
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -126,10 +133,14 @@ class SyncerConfig:
         if self.nesterov_delay > 1 and self.staleness_policy != "delayed-nesterov":
             raise ValueError(f"nesterov-delay: {self.nesterov_delay} needs --staleness-policy delayed-nesterov, "
                              f"got --staleness-policy {self.staleness_policy}")
+        if self.momentum_unit not in MOMENTUM_UNITS:
+            raise ValueError(f"momentum-unit: must be one of {', '.join(MOMENTUM_UNITS)}, got {self.momentum_unit!r}")
         if self.grace_policy not in GRACE_POLICIES:
             raise ValueError(f"grace-policy: must be one of {', '.join(GRACE_POLICIES)}, got {self.grace_policy!r}")
         if self.max_payload < 1024:
             raise ValueError(f"max-payload: must be >= 1024 bytes, got {self.max_payload}")
         OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum
+        if not 0 < self.eval_budget <= 1:
+            raise ValueError(f"eval-budget: must be in (0, 1], got {self.eval_budget}")
         if self.sync_checkpoint_every < 1:
             raise ValueError(f"sync-checkpoint-every: must be >= 1, got {self.sync_checkpoint_every}")

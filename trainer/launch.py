@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from .config import TrainConfig
-from .data import Corpus, evaluation_batches
+from .data import Corpus
 from .events import EVENTS_DIR, EventLog
-from .model import build_model
+from .global_eval import HeldOut
 from .state import StateDir, load_tensors
 from .sync_state import PARAM
 
@@ -86,7 +86,8 @@ class LocalCluster:
         self.syncer.argv = [sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
                             "--run-dir", str(self.run_dir), "--address-file", str(self.address_file),
                             "--host", "127.0.0.1", "--port", str(self.port),
-                            "--learners", str(self.spec.learners), *self.spec.syncer_flags]
+                            "--learners", str(self.spec.learners), "--eval-data", self.spec.data,
+                            *self.spec.syncer_flags]
         self._spawn(self.syncer)
         deadline = time.monotonic() + START_TIMEOUT
         while not self.address_file.exists():
@@ -205,16 +206,9 @@ def final_parameters(run_dir: Path, train: TrainConfig, state_dir: Path | None =
 
 
 def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, corpus: Corpus) -> float:
-    """Mean cross-entropy (nats per byte) of `params` on the corpus's held-out tail."""
-    model = build_model(train.model, train.seed)
-    model.load_state_dict(params)
-    model.eval()
-    _, val = corpus.split()
-    losses = []
-    with torch.no_grad():
-        for x, y in evaluation_batches(val, train.model.block_size, train.batch_size):
-            losses.append(float(model(x, y)[1]))
-    return sum(losses) / len(losses)
+    """Mean cross-entropy (nats per byte) of `params` on the corpus's held-out tail: the same
+    fixed windows the syncer's global_eval samples score."""
+    return HeldOut(train.model, train.seed, corpus).loss(params)
 
 
 def learner_logs_tail(run_dir: Path) -> str:

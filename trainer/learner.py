@@ -6,6 +6,16 @@ queues it and moves on. A background thread sends pushes, heartbeats, and pulls 
 global fragments into an inbox; the inner loop applies them at a step boundary, mixing
 θ_f ← α·θ_f + (1−α)·Θ_f. The inner loop never touches the network.
 
+One push of a fragment in flight (--push-window 1, the default): when fragment f falls due
+while the learner's last push of f has been sent but the merge holding it not yet adopted,
+the learner does not push again; it keeps training and pushes once it has adopted that
+merge. Every push is then measured from a global version its learner adopted, so the outer
+step sees the effect of its last move before the next one. Without it, a merge round trip
+longer than H steps made pushes pipeline 4-5 versions deep: increments of a local path
+that never saw Θ, each amplified by the outer momentum (Θ's held-out loss spiked from 2.6
+to 13.8 at the start of a fault-free run). A push not yet sent still takes in the next one
+(the queue coalesces them), so an unreachable syncer loses no progress.
+
 A unit of several ranks (`--ranks R`, see ranks.py and unit.py) trains as one replica with
 DDP over gloo; only rank 0 runs the network thread, and at every step boundary it tells the
 other ranks which fragments it adopted and broadcasts their new values.
@@ -114,6 +124,10 @@ class Learner:
         # learner adopts that version (or a newer one), and only that, as DiLoCo would after
         # its own exchange. Adopting a merge made without its push would discard its work.
         self.targets: list[int | None] = []
+        # Per fragment, the pushes sent and not yet adopted: seq -> the version that releases
+        # it (None until its answer came). A due push waits while --push-window of them are
+        # out, so every push is measured from a global version its learner adopted.
+        self.awaiting: list[dict[int, int | None]] = []
         self.fatal: Exception | None = None
         self._versions_lock = threading.Lock()
 
@@ -155,6 +169,7 @@ class Learner:
             self.syncer_versions = list(h["versions"])
             self.adopted_versions = list(h["versions"])
             self.targets = [None] * len(self.fragment_names)
+            self.awaiting = [{} for _ in self.fragment_names]
         self.net = self.group.wrap(self.model)  # DDP makes every rank start from rank 0's values
         if self.mode != "sync":
             self.opt = make_inner_optimizer(self.model, self.cfg)
@@ -251,7 +266,10 @@ class Learner:
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
                              position=self.sampler.position)
             for f in clock.due(step):
-                push(f)
+                with self._versions_lock:  # against _send_push marking a push of f as sent
+                    self._release_answered(f)
+                    if len(self.awaiting[f]) < cfg.push_window:
+                        push(f)
             self.pacer.after_step(compute_s, self.stop)
         if self.fatal:
             raise self.fatal
@@ -333,6 +351,7 @@ class Learner:
             steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
         with self._versions_lock:
             self.adopted_versions[f] = version
+            self._release_answered(f)
         self.globals[f] = tensors
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
                          incarnation=self.incarnation, discarded_tokens=discarded)
@@ -407,7 +426,15 @@ class Learner:
             self.inbox.put(f, version, tensors)
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
 
+    def _release_answered(self, f: int) -> None:
+        """Under _versions_lock: forget the pushes of f whose version was adopted (or was
+        older than what is adopted: a duplicate, a stale or refused push)."""
+        adopted = self.adopted_versions[f]
+        self.awaiting[f] = {seq: v for seq, v in self.awaiting[f].items() if v is None or v > adopted}
+
     def _send_push(self, item: OutgoingPush) -> None:
+        with self._versions_lock:  # sent from now on: the loop's next push of f waits for its adoption
+            self.awaiting[item.fragment].setdefault(item.seq, None)
         self.queue.claim(item)  # before encoding: a push queued meanwhile must not merge into it
         if item.frame is None:
             header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
@@ -421,23 +448,24 @@ class Learner:
         self._note_versions(reply.header.get("versions"))
         status = reply.header.get("status")
         version = int(reply.header.get("version", 0))
-        self._await_version(item.fragment, version + 1 if status == "accepted" else version)
+        self._await_version(item.fragment, version + 1 if status == "accepted" else version, item.seq)
         self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
                          base_version=item.base_version, tokens=item.tokens, steps=item.steps,
                          wire_bytes=len(item.frame), encoding=self.cfg.encoding, status=status, version=version,
                          attempts=item.attempts, coalesced=item.coalesced,
                          latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
 
-    def _await_version(self, fragment: int, version: int) -> None:
+    def _await_version(self, fragment: int, version: int, seq: int) -> None:
         with self._versions_lock:
             current = self.targets[fragment]
             self.targets[fragment] = version if current is None else max(current, version)
+            self.awaiting[fragment][seq] = version
 
     def _drop_refused_push(self, exc: Refused) -> None:
         item = self.queue.peek()
         if item is not None and item.claimed:
             self.queue.pop(item)
-            self._await_version(item.fragment, self.syncer_versions[item.fragment])
+            self._await_version(item.fragment, self.syncer_versions[item.fragment], item.seq)
             self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
                              reason=exc.reason, detail=exc.detail, wire_bytes=len(item.frame),
                              id=f"{self.opts.learner}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)

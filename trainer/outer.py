@@ -1,10 +1,27 @@
 """The outer step: token-weighted merging of pseudo-gradients and Nesterov momentum.
 
-The outer optimizer is exactly torch.optim.SGD(lr, momentum, nesterov=True, dampening=0)
-with p.grad = Δ, written out so its momentum lives in our durable state files:
+For a merge of a full round the outer optimizer is exactly torch.optim.SGD(lr, momentum,
+nesterov=True, dampening=0) with p.grad = Δ, written out so its momentum lives in our
+durable state files:
 
     buf ← μ·buf + Δ          (buf starts at 0, so the first buf is Δ, as in torch)
-    p   ← p − lr·(Δ + μ·buf)
+    p   ← p − lr·(Δ + μ·buf) = p − lr·((1+μ)·Δ + μ²·buf_old)
+
+Momentum per round, not per merge (--momentum-unit round, the default). Decoupled merges
+are often partial: one learner of three in time, a late push, the residual pushes of
+learners leaving at the end of a run. Counting each as a full step decays and re-applies
+the momentum buffer once per merge, so a round that arrives in k pieces carries μ²·buf k
+times: the outer step amplifies exactly the lone, late and final pushes (a run ended at a
+held-out loss of 14.3 after two such merges following the learners' BYE). A merge worth
+W of a round (W = round_fraction: the sum of its weights, at most 1) instead does
+
+    p   ← p − lr·((1+μ)·Δ + μ²·c·buf),   c = (1 − μ^W) / (1 − μ)
+    buf ← μ^W·buf + Δ
+
+W = 1 is torch's step bit for bit; k merges whose fractions sum to 1 carry and decay the
+old buffer exactly as one full merge does (Σ μ^(W_<j)·c(W_j) = 1, Π μ^(W_j) = μ), and Δ
+itself, already weight-scaled, adds up as before. `--momentum-unit merge` keeps one full
+step per merge (the behaviour before).
 
 Merging is a token-weighted average of pushes. Push i carries Δ_i, the progress its
 learner made over s_i inner steps on T_i tokens. A push spanning more than one round
@@ -77,13 +94,30 @@ class OuterConfig:
 
 
 def nesterov_step(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],
-                  grad: dict[str, torch.Tensor], cfg: OuterConfig) -> None:
-    """One in-place outer Nesterov step over the named tensors of one fragment."""
+                  grad: dict[str, torch.Tensor], cfg: OuterConfig, fraction: float = 1.0) -> None:
+    """One in-place outer Nesterov step over the named tensors of one fragment, for a merge
+    worth `fraction` of a full round (see round_fraction; 1 is torch's step exactly)."""
+    mu = cfg.momentum
+    decay = mu ** fraction
+    carry = (1.0 - decay) / (1.0 - mu) if mu > 0 else 0.0
     with torch.no_grad():
         for name, g in grad.items():
             buf = momentum[name]
-            buf.mul_(cfg.momentum).add_(g)
-            params[name].sub_(g.add(buf, alpha=cfg.momentum), alpha=cfg.lr)
+            if fraction == 1.0:
+                buf.mul_(mu).add_(g)
+                params[name].sub_(g.add(buf, alpha=mu), alpha=cfg.lr)
+                continue
+            # p ← p − lr·((1+μ)·g + μ²·c·buf),  buf ← μ^W·buf + g
+            params[name].sub_(g.mul(1.0 + mu).add_(buf, alpha=mu * mu * carry), alpha=cfg.lr)
+            buf.mul_(decay).add_(g)
+
+
+def round_fraction(weights: list[float]) -> float:
+    """How much of a full round a merge is: the sum of its pushes' weights, at most 1.
+
+    A round in which every weighed learner reported merges with weights summing to 1; a lone
+    push of one of three learners is a third; a stale push under `discount` counts less."""
+    return min(1.0, max(0.0, sum(weights)))
 
 
 def delayed_nesterov_step(params: dict[str, torch.Tensor], momentum: dict[str, torch.Tensor],

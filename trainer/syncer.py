@@ -28,10 +28,11 @@ from .codec import decode, encode
 from .config import SyncerConfig, TrainConfig
 from .events import EventLog
 from .fragments import Fragment, partition
+from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
 from .model import build_model
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
-                    staleness_factors)
+                    round_fraction, staleness_factors)
 from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
 from .sync_state import SyncRound
 
@@ -106,7 +107,9 @@ class FragmentState:
     merge_times: list[float] = field(default_factory=list)
     accum: dict[str, torch.Tensor] = field(default_factory=dict)  # delayed Nesterov: Σ Δ since the last momentum step
     accum_count: int = 0                                          # ... and how many Δs that is
+    tokens: int = 0                                               # raw tokens merged so far (durable)
     arrivals: dict[int, tuple[int, deque]] = field(default_factory=dict)  # learner -> (incarnation, push times)
+    writing: bool = False  # a merge is being written: its version will not hold pushes accepted meanwhile
 
     def note_arrival(self, learner: int, incarnation: int, now: float) -> None:
         """Remember when an accepted push arrived (a new incarnation starts a new history)."""
@@ -183,6 +186,7 @@ class Syncer:
         self._listener: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         self._recover(model)
+        self.evaluator = self._make_evaluator()
 
     # ----------------------------------------------------------------- recovery
     def _fingerprint(self) -> dict:
@@ -225,7 +229,8 @@ class Syncer:
                 frag = FragmentState(spec, params, momentum)
             else:
                 frag = FragmentState(spec, stored.params, stored.momentum, stored.version, stored.applied,
-                                     set(stored.applied), accum=stored.accum, accum_count=stored.accum_count)
+                                     set(stored.applied), accum=stored.accum, accum_count=stored.accum_count,
+                                     tokens=stored.tokens)
                 if frag.accum_count and self.cfg.staleness_policy != "delayed-nesterov":
                     # Those Δs were applied already (SGD steps); only their momentum share is lost.
                     self.counters["accumulators_discarded"] += 1
@@ -245,6 +250,28 @@ class Syncer:
         c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
                          int(meta["tokens"]), int(meta["base_version"]), delta, int(meta["steps"]))
         return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic())
+
+    def _make_evaluator(self) -> GlobalEvaluator | None:
+        if not self.cfg.eval_data:
+            return None
+        from .data import load_corpus
+        try:
+            corpus = load_corpus(self.cfg.eval_data)
+        except FileNotFoundError as exc:
+            raise ValueError(f"eval-data: {exc}") from None
+        held_out = HeldOut(self.train.model, self.train.seed, corpus)
+        return GlobalEvaluator(held_out, self.events, self._snapshot, self.cfg.eval_budget)
+
+    def _snapshot(self) -> Snapshot:
+        """Θ as it stands, for the evaluator: copied under the lock, scored outside it."""
+        with self.cond:
+            if self.sync is not None:
+                params = {n: p.detach().clone() for n, p in self.sync.model.named_parameters()}
+                return Snapshot(params, [self.sync.round], float(sum(m.tokens for m in self.members.members.values())))
+            params = {n: t.clone() for f in self.frags for n, t in f.params.items()}
+            total = sum(s.numel for s in self.specs)
+            tokens = sum(f.tokens * f.spec.numel / total for f in self.frags)
+            return Snapshot(params, self._versions(), tokens)
 
     def _write_meta(self) -> None:
         n = atomic_write_json(self.store.meta_path, {
@@ -270,6 +297,8 @@ class Syncer:
             t = threading.Thread(target=target, name=f"syncer-{name}", daemon=True)
             t.start()
             self._threads.append(t)
+        if self.evaluator is not None:
+            self.evaluator.start()
         self.events.emit("process_start", role="syncer", mode=self.train.mode, defect=self.defect,
                          address=list(self.address), config=self.train.to_dict(),
                          syncer={"quorum": self.cfg.quorum, "grace": self.cfg.grace,
@@ -277,7 +306,9 @@ class Syncer:
                                  "max_staleness": self.cfg.max_staleness,
                                  "staleness_policy": self.cfg.staleness_policy,
                                  "nesterov_delay": self.cfg.nesterov_delay,
-                                 "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum})
+                                 "momentum_unit": self.cfg.momentum_unit,
+                                 "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum,
+                                 "eval_data": self.cfg.eval_data or None, "eval_budget": self.cfg.eval_budget})
         return self.address
 
     def stop(self, reason: str = "stop") -> None:
@@ -306,6 +337,9 @@ class Syncer:
             else:
                 self.sync.checkpoint(self.store)
             self._write_meta()
+        if self.evaluator is not None:
+            self.evaluator.stop()  # scores the final parameters: the last point of Θ's curve
+        with self.cond:
             final = {"mode": self.train.mode, "counters": dict(self.counters),
                      "members": self.members.persistent()}
             if self.sync is None:
@@ -525,7 +559,9 @@ class Syncer:
             with self.cond:
                 # The id moves from reserved to pending in one step: a retry never finds it in neither.
                 frag.merging.discard(ident)
-                version = frag.version  # the next merge of this fragment will include this push
+                # The next merge of this fragment will include this push: the one after a merge
+                # being written now, which took its pushes before this one arrived.
+                version = frag.version + (1 if frag.writing else 0)
                 accepted_at = time.monotonic()
                 frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at))
                 frag.note_arrival(learner, incarnation, accepted_at)
@@ -607,6 +643,8 @@ class Syncer:
         if self.sync.round % self.cfg.sync_checkpoint_every == 0:
             nbytes, seconds = self.sync.checkpoint(self.store)
             self.events.emit("state_write", what="sync", bytes=nbytes, seconds=seconds, round=self.sync.round)
+        if self.evaluator is not None:
+            self.evaluator.note_merge()
         self.cond.notify_all()
 
     # ----------------------------------------------------------------- leases
@@ -725,13 +763,16 @@ class Syncer:
             outer = {"step": "delayed-nesterov", "delay": self.cfg.nesterov_delay, "momentum_step": stepped,
                      "accum_count": accum_count, "averaged": averaged if stepped else 0}
         else:
-            nesterov_step(params, momentum, delta, self.outer)
-            outer = {"step": "nesterov", "momentum_step": True}
+            fraction = round_fraction(weights) if self.cfg.momentum_unit == "round" else 1.0
+            nesterov_step(params, momentum, delta, self.outer, fraction)
+            outer = {"step": "nesterov", "momentum_step": True, "round_fraction": round(fraction, 4)}
         finite = all(bool(torch.isfinite(t).all()) for t in params.values())
         if not finite:
             self.counters["nonfinite_merges"] += 1
         applied = frag.applied + [c.ident for c in contribs]
+        tokens = frag.tokens + sum(max(0, c.tokens) for c in contribs)
         version = frag.version + 1
+        frag.writing = True
         self.cond.release()
         try:
             write_started = time.monotonic()
@@ -739,11 +780,12 @@ class Syncer:
                 nbytes = 0
             else:
                 nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied,
-                                                   accum, accum_count)
+                                                   accum, accum_count, tokens)
                 self._last_flush = time.monotonic()
             write_seconds = time.monotonic() - write_started
         except BaseException:
             self.cond.acquire()
+            frag.writing = False
             frag.pending = taken + frag.pending  # nothing was committed: keep them pending
             frag.merging.difference_update(c.ident for c in contribs)
             raise
@@ -755,9 +797,11 @@ class Syncer:
             except OSError:
                 pass
         self.cond.acquire()
+        frag.writing = False
         frag.params, frag.momentum = params, momentum
         frag.accum, frag.accum_count = accum, accum_count
         frag.version = version
+        frag.tokens = tokens
         frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
         frag.applied = applied
         frag.applied_set.update(c.ident for c in contribs)
@@ -779,6 +823,8 @@ class Syncer:
             finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))
         self.events.emit("state_write", what=f"fragment-{frag.spec.index}", bytes=nbytes,
                          seconds=round(write_seconds, 4), version=version)
+        if self.evaluator is not None:
+            self.evaluator.note_merge()
         self.cond.notify_all()
 
 

@@ -105,7 +105,7 @@ class LocalCluster(Cluster):
             sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
             "--run-dir", str(self.run_dir), "--address-file", str(address_file), "--host", "127.0.0.1",
             "--port", str(self.syncer_port), "--learners", str(self.learners), "--mode", self.mode,
-            *self.trainer_args])
+            "--eval-data", self.data, *self.trainer_args])
         deadline = time.monotonic() + START_TIMEOUT
         while not address_file.exists():
             if not proc.running():

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.outer import Contribution, OuterConfig, merge, merge_weights, nesterov_step, push_id, round_scale
+from trainer.outer import (Contribution, OuterConfig, merge, merge_weights, nesterov_step, push_id, round_fraction,
+                           round_scale)
 
 
 def _torch_reference(params0: dict[str, torch.Tensor], grads: list[dict[str, torch.Tensor]],
@@ -55,6 +56,74 @@ def test_nesterov_step_touches_only_named_tensors_in_grad() -> None:
     nesterov_step(p, m, {"a": torch.ones(2)}, OuterConfig())
     assert torch.equal(p["b"], torch.ones(2)) and torch.equal(m["b"], torch.zeros(2))
     assert not torch.equal(p["a"], torch.ones(2))
+
+
+# ----------------------------------------------------------------------------- momentum per round
+
+def _state(values: list[float]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    return {"w": torch.tensor(values)}, {"w": torch.zeros(len(values))}
+
+
+def test_fraction_one_is_the_full_step_bit_for_bit() -> None:
+    p1, m1 = _state([1.0, 2.0])
+    p2, m2 = _state([1.0, 2.0])
+    for d in (torch.tensor([0.3, -0.1]), torch.tensor([0.2, 0.4])):
+        nesterov_step(p1, m1, {"w": d}, OuterConfig())
+        nesterov_step(p2, m2, {"w": d}, OuterConfig(), fraction=1.0)
+    assert torch.equal(p1["w"], p2["w"]) and torch.equal(m1["w"], m2["w"])
+
+
+def test_partial_merge_closed_form() -> None:
+    # p ← p − lr·((1+μ)·g + μ²·c·buf), c = (1 − μ^W)/(1 − μ);  buf ← μ^W·buf + g
+    lr, mu, w = 0.7, 0.9, 1 / 3
+    p, m = {"w": torch.tensor([1.0])}, {"w": torch.tensor([2.0])}
+    nesterov_step(p, m, {"w": torch.tensor([0.5])}, OuterConfig(lr, mu), fraction=w)
+    c = (1 - mu ** w) / (1 - mu)
+    torch.testing.assert_close(p["w"], torch.tensor([1.0 - lr * ((1 + mu) * 0.5 + mu * mu * c * 2.0)]))
+    torch.testing.assert_close(m["w"], torch.tensor([mu ** w * 2.0 + 0.5]))
+
+
+@pytest.mark.parametrize("pieces", [2, 3, 7])
+def test_a_round_merged_in_pieces_carries_the_momentum_of_one_round(pieces: int) -> None:
+    # The old buffer's share: k merges of a k-th of a round carry μ²·buf and decay it to μ·buf,
+    # exactly as one full merge would, instead of k full carries (k·μ²·buf).
+    buf = torch.tensor([1.0, -3.0])
+    p_full, m_full = {"w": torch.zeros(2)}, {"w": buf.clone()}
+    nesterov_step(p_full, m_full, {"w": torch.zeros(2)}, OuterConfig())
+    p_split, m_split = {"w": torch.zeros(2)}, {"w": buf.clone()}
+    p_merge, m_merge = {"w": torch.zeros(2)}, {"w": buf.clone()}
+    for _ in range(pieces):
+        nesterov_step(p_split, m_split, {"w": torch.zeros(2)}, OuterConfig(), fraction=1 / pieces)
+        nesterov_step(p_merge, m_merge, {"w": torch.zeros(2)}, OuterConfig())
+    torch.testing.assert_close(p_split["w"], p_full["w"])
+    torch.testing.assert_close(m_split["w"], m_full["w"])
+    # Per merge, the old unit would have carried the momentum `pieces` times over.
+    assert p_merge["w"].abs().sum() > 1.5 * p_full["w"].abs().sum()
+
+
+def test_a_round_in_pieces_moves_theta_about_as_far_as_one_merge() -> None:
+    g = torch.Generator().manual_seed(3)
+    buf0, delta = torch.randn(50, generator=g), torch.randn(50, generator=g)
+    p_full, m_full = {"w": torch.zeros(50)}, {"w": buf0.clone()}
+    nesterov_step(p_full, m_full, {"w": delta}, OuterConfig())
+    p_split, m_split = {"w": torch.zeros(50)}, {"w": buf0.clone()}
+    for _ in range(3):
+        nesterov_step(p_split, m_split, {"w": delta / 3}, OuterConfig(), fraction=1 / 3)
+    # Only second-order terms differ: a piece's Δ gains momentum within its own round.
+    assert float((p_split["w"] - p_full["w"]).norm() / p_full["w"].norm()) < 0.15
+
+
+def test_round_fraction_is_the_weight_sum_capped_at_one() -> None:
+    assert round_fraction([1 / 3, 1 / 3, 1 / 3]) == pytest.approx(1.0)
+    assert round_fraction([1 / 3]) == pytest.approx(1 / 3)
+    assert round_fraction([0.6, 0.6]) == 1.0
+    assert round_fraction([]) == 0.0
+
+
+def test_zero_momentum_fraction_is_plain_sgd() -> None:
+    p, m = {"w": torch.tensor([1.0])}, {"w": torch.tensor([5.0])}
+    nesterov_step(p, m, {"w": torch.tensor([0.5])}, OuterConfig(lr=0.1, momentum=0.0), fraction=0.5)
+    torch.testing.assert_close(p["w"], torch.tensor([0.95]))
 
 
 @pytest.mark.parametrize("kwargs,field", [

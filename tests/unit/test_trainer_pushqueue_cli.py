@@ -168,7 +168,7 @@ def _bare_learner(encoding: str) -> Learner:
                           encoding=encoding)
     lrn.incarnation = 1
     lrn.queue = PushQueue(4)
-    lrn.targets, lrn.syncer_versions, lrn.adopted_versions = [None], [0], [0]
+    lrn.targets, lrn.syncer_versions, lrn.adopted_versions, lrn.awaiting = [None], [0], [0], [{}]
     return lrn
 
 

@@ -345,7 +345,7 @@ def test_drop_policy_merge_event_logs_policies_and_unit_discounts(prig: PolicyRi
     s.stop()
     [m] = prig.events("merge")
     assert (m["staleness_policy"], m["grace_policy"]) == ("drop", "fixed")
-    assert m["outer"] == {"step": "nesterov", "momentum_step": True}
+    assert m["outer"] == {"step": "nesterov", "momentum_step": True, "round_fraction": 1.0}
     assert m["grace"]["policy"] == "fixed" and m["grace"]["why"] == "1 of quorum 1 reported"
     [contrib] = m["contributors"]
     assert (contrib["raw_weight"], contrib["discount"], contrib["weight"], contrib["staleness"]) == (1.0, 1.0, 1.0, 0)
@@ -364,9 +364,14 @@ def test_discount_policy_end_to_end(prig: PolicyRig) -> None:
     wait_until(s, lambda: s.frags[0].version >= 2, "merge 2")
     # Beyond --max-staleness the push is still dropped: the cap holds under discount.
     assert c.send(push_frame(1, 1, 3, d3, base_version=0)).header["status"] == "stale"
-    discounted = {n: t / math.sqrt(2) for n, t in d2.items()}
-    for n, t in sgd_reference(initial_params(), [d1, discounted]).items():
-        torch.testing.assert_close(s.frags[0].params[n], t, rtol=1e-5, atol=1e-7)
+    # Merge 2 is a lone push discounted to weight 1/√2: a partial round, which carries that
+    # share of the momentum (--momentum-unit round): p ← p − lr·((1+μ)·g + μ²·c·buf).
+    w = 2 ** -0.5
+    c = (1 - MU ** w) / (1 - MU)
+    after_one = sgd_reference(initial_params(), [d1])
+    for n, t in after_one.items():
+        expected = t - LR * ((1 + MU) * d2[n] * w + MU * MU * c * d1[n])
+        torch.testing.assert_close(s.frags[0].params[n], expected, rtol=1e-5, atol=1e-7)
     s.stop()
     merges = prig.events("merge")
     assert [m["staleness_policy"] for m in merges] == ["discount", "discount"]
