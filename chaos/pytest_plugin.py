@@ -152,6 +152,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          f"{STREAMING_ENCODING} pseudo-gradients, overlap tau={STREAMING_OVERLAP} (--sync-every "
                          f"is rounded up to a multiple of P; applies to the cluster fixture, the chaos marker "
                          f"and the property suites)")
+    group.addoption("--chaos-load", type=non_negative_int, default=0, metavar="N",
+                    help="run the session beside N busy processes pinned round-robin to the CPUs (chaos/load.py), "
+                         "to prove that no verdict depends on the machine's speed; the terminal summary gives "
+                         "the load average it ran at (default 0: no artificial load)")
     group.addoption("--chaos-warm-spares", type=non_negative_int, default=0, metavar="N",
                     help="local backend: keep N warm spare processes (torch already imported) that restarts "
                          "take instead of a cold Python; applies to the cluster fixture and the chaos marker "
@@ -198,6 +202,9 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {description}")
     config.stash[_summary] = summary = ReplaySummary()
     config.pluginmanager.register(summary, "islands-chaos-replay-summary")
+    load = config.getoption("chaos_load", 0)
+    if load and not config.pluginmanager.has_plugin("islands-chaos-load"):
+        config.pluginmanager.register(LoadSession(load), "islands-chaos-load")
     config.stash[_previous_profile] = None
     if not register_hypothesis_profiles():
         return
@@ -215,6 +222,11 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     summary = config.stash.get(_summary, None)
     if summary is not None and config.pluginmanager.is_registered(summary):
         config.pluginmanager.unregister(summary)
+    load = config.pluginmanager.get_plugin("islands-chaos-load")
+    if load is not None:
+        if load.report is None:  # the session never finished: never leave the load running
+            load.report = load.load.stop()
+        config.pluginmanager.unregister(load)
     previous = config.stash.get(_previous_profile, None)
     if previous is not None:  # leave the process as we found it (pytester runs in-process)
         from hypothesis import settings
@@ -674,6 +686,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     except OSError as exc:  # never turn a test result into an internal error
         report.sections.append((SECTION, f"could not write chaos artifacts: {exc}"))
     return report
+
+
+class LoadSession:
+    """--chaos-load N: busy processes for the whole session, and the load average they made."""
+
+    def __init__(self, processes: int) -> None:
+        from .load import CpuLoad
+        self.load = CpuLoad(processes)
+        self.report = None
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        self.load.start()
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.report is None:
+            self.report = self.load.stop()
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if self.report is not None:
+            terminalreporter.section("islands chaos load")
+            terminalreporter.write_line(self.report.line())
 
 
 class ReplaySummary:
