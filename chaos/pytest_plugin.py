@@ -71,6 +71,7 @@ MARKERS = {
 
 HEALTH_CHECKS = ("too_slow", "function_scoped_fixture", "data_too_large", "filter_too_much")
 PROFILES = {"ci": 3, "nightly": 200}
+SHRINKING_PROFILES = ("nightly",)
 
 # --chaos-streaming: P fragments, 4-bit pseudo-gradients, and tau steps of overlap.
 STREAMING_FRAGMENTS = 4
@@ -184,14 +185,20 @@ _summary = pytest.StashKey["ReplaySummary"]()
 
 
 def register_hypothesis_profiles() -> bool:
-    """Register 'ci' (3 examples) and 'nightly' (200); False when hypothesis is not installed."""
+    """Register 'ci' (3 examples) and 'nightly' (200); False when hypothesis is not installed.
+
+    Every example of a property suite is a live cluster run of 20-40 s, so shrinking a failure
+    costs minutes: Hypothesis shrinks for up to 300 s before it reports. 'ci' does not shrink:
+    the first failing schedule is the report (its verdicts, artifacts and replay command), after
+    one confirming rerun. 'nightly' shrinks, within Hypothesis' own 300 s bound."""
     try:
-        from hypothesis import HealthCheck, settings
+        from hypothesis import HealthCheck, Phase, settings
     except ImportError:
         return False
     for name, examples in PROFILES.items():
+        phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if name in SHRINKING_PROFILES else [])
         settings.register_profile(
-            name, max_examples=examples, deadline=None, print_blob=True, derandomize=False,
+            name, max_examples=examples, deadline=None, print_blob=True, derandomize=False, phases=phases,
             suppress_health_check=[getattr(HealthCheck, h) for h in HEALTH_CHECKS])
     return True
 

@@ -168,7 +168,7 @@ def test_ci_profile_is_loaded_by_default_and_nightly_is_registered(pytester: pyt
 
     before = settings.get_current_profile_name()
     pytester.makepyfile(test_prof="""
-        from hypothesis import HealthCheck, settings
+        from hypothesis import HealthCheck, Phase, settings
 
         def test_profile(pytestconfig):
             want = pytestconfig.getoption("hypothesis_profile") or "ci"
@@ -181,6 +181,10 @@ def test_ci_profile_is_loaded_by_default_and_nightly_is_registered(pytester: pyt
                 assert HealthCheck.function_scoped_fixture in p.suppress_health_check
                 assert HealthCheck.too_slow in p.suppress_health_check
             assert settings.default.max_examples == (3 if want == "ci" else 200)
+            # A live failure is reported at once in ci (no minutes of shrinking live runs).
+            assert Phase.shrink not in settings.get_profile("ci").phases
+            assert Phase.generate in settings.get_profile("ci").phases
+            assert Phase.shrink in settings.get_profile("nightly").phases
     """)
     settings.load_profile("default")  # as in a session without the plugin
     try:
