@@ -108,6 +108,7 @@ class SyncerConfig:
     nesterov_delay: int = 1        # k: merges per momentum step under delayed-nesterov
     grace_policy: str = "fixed"    # fixed | adaptive (syncer.py, grace_window)
     momentum_unit: str = "round"   # round: a partial merge carries its share of momentum; merge: every merge a full step
+    momentum_warmup: float = 0.0   # outer rounds over which the momentum ramps from 0 to outer_momentum
     max_payload: int = 64 * 1024 * 1024
     max_connections: int = 256
     idle_timeout: float = 30.0     # a connection silent this long is closed
@@ -133,6 +134,8 @@ class SyncerConfig:
         if self.nesterov_delay > 1 and self.staleness_policy != "delayed-nesterov":
             raise ValueError(f"nesterov-delay: {self.nesterov_delay} needs --staleness-policy delayed-nesterov, "
                              f"got --staleness-policy {self.staleness_policy}")
+        if not self.momentum_warmup >= 0:
+            raise ValueError(f"momentum-warmup: must be >= 0 rounds, got {self.momentum_warmup}")
         if self.momentum_unit not in MOMENTUM_UNITS:
             raise ValueError(f"momentum-unit: must be one of {', '.join(MOMENTUM_UNITS)}, got {self.momentum_unit!r}")
         if self.grace_policy not in GRACE_POLICIES:

@@ -103,6 +103,18 @@ class Membership:
         each merge alone at full weight, and add up)."""
         return [m for m in self.members.values() if m.alive or m.finished]
 
+    def presume_alive(self, now: float) -> list[int]:
+        """After a syncer restart: every learner seen before counts as live until its lease
+        runs out, as it did before the crash. Without it the pushes recovered from disk
+        merged at once among themselves (no live learner, so no quorum to wait for and an
+        empty weight denominator): a full round's weight for a third of a round."""
+        presumed = []
+        for m in self.members.values():
+            if m.incarnation > 0:
+                m.alive, m.last_seen = True, now
+                presumed.append(m.learner)
+        return presumed
+
     def persistent(self) -> dict:
         return {str(k): m.persistent() for k, m in sorted(self.members.items())}
 

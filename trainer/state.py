@@ -9,7 +9,7 @@ Layout of a syncer state directory:
     meta.json                      members (nonce, incarnation, data position), counters
     fragment-<f>.safetensors       Θ_f, momentum_f, delayed-Nesterov accumulator_f (only
                                    while it holds something); metadata: version, applied
-                                   ledger, merged tokens, accum_count (only with the
+                                   ledger, merged tokens and rounds, accum_count (only with the
                                    accumulator)
     pending/<f>/<id>.safetensors   accepted pushes not merged yet (the write-ahead log)
     sync.safetensors               sync mode: parameters, AdamW state and round
@@ -50,6 +50,7 @@ class FragmentFile:
     accum: dict[str, torch.Tensor] = field(default_factory=dict)
     accum_count: int = 0
     tokens: int = 0  # raw tokens of every push merged into this fragment, committed with Θ_f
+    rounds: float = 0.0  # outer rounds merged so far, a partial merge counting its fraction
 
 
 def read_json(path: str | os.PathLike) -> dict | None:
@@ -109,13 +110,13 @@ class StateDir:
     def write_fragment(self, index: int, params: dict[str, torch.Tensor],
                        momentum: dict[str, torch.Tensor], version: int, applied: list[str],
                        accum: dict[str, torch.Tensor] | None = None, accum_count: int = 0,
-                       tokens: int = 0) -> int:
+                       tokens: int = 0, rounds: float = 0.0) -> int:
         """One atomic file: the accumulator and its count commit together with Θ_f and the
         momentum. An empty accumulator (count 0) is not written, so such a file is the
         same as one written before the accumulator existed."""
         tensors = {PARAM_PREFIX + n: t for n, t in params.items()}
         tensors.update({MOMENTUM_PREFIX + n: t for n, t in momentum.items()})
-        meta: dict[str, object] = {"version": version, "applied": applied, "tokens": tokens}
+        meta: dict[str, object] = {"version": version, "applied": applied, "tokens": tokens, "rounds": rounds}
         if accum_count > 0:
             tensors.update({ACCUM_PREFIX + n: t for n, t in (accum or {}).items()})
             meta["accum_count"] = accum_count
@@ -134,7 +135,7 @@ class StateDir:
         count = int(meta.get("accum_count", 0))
         return FragmentFile(part(PARAM_PREFIX), part(MOMENTUM_PREFIX), int(meta["version"]),
                             list(meta["applied"]), part(ACCUM_PREFIX) if count > 0 else {}, count,
-                            int(meta.get("tokens", 0)))
+                            int(meta.get("tokens", 0)), float(meta.get("rounds", 0.0)))
 
     def read_fragment(self, index: int):
         """(params, momentum, version, applied) or None when this fragment was never written."""

@@ -108,6 +108,7 @@ class FragmentState:
     accum: dict[str, torch.Tensor] = field(default_factory=dict)  # delayed Nesterov: Σ Δ since the last momentum step
     accum_count: int = 0                                          # ... and how many Δs that is
     tokens: int = 0                                               # raw tokens merged so far (durable)
+    rounds: float = 0.0                                           # outer rounds merged so far (durable)
     arrivals: dict[int, tuple[int, deque]] = field(default_factory=dict)  # learner -> (incarnation, push times)
     writing: bool = False  # a merge is being written: its version will not hold pushes accepted meanwhile
 
@@ -210,7 +211,8 @@ class Syncer:
                              members=self.members.persistent(), removed_temporaries=removed)
         else:
             self._recover_fragments(initial)
-            self.events.emit("state_loaded", mode="decoupled",
+            presumed = self.members.presume_alive(time.monotonic())
+            self.events.emit("state_loaded", mode="decoupled", presumed_alive=presumed,
                              versions=[f.version for f in self.frags],
                              accum_counts=[f.accum_count for f in self.frags],
                              accumulators_discarded=self.counters["accumulators_discarded"],
@@ -230,7 +232,7 @@ class Syncer:
             else:
                 frag = FragmentState(spec, stored.params, stored.momentum, stored.version, stored.applied,
                                      set(stored.applied), accum=stored.accum, accum_count=stored.accum_count,
-                                     tokens=stored.tokens)
+                                     tokens=stored.tokens, rounds=stored.rounds)
                 if frag.accum_count and self.cfg.staleness_policy != "delayed-nesterov":
                     # Those Δs were applied already (SGD steps); only their momentum share is lost.
                     self.counters["accumulators_discarded"] += 1
@@ -307,6 +309,7 @@ class Syncer:
                                  "staleness_policy": self.cfg.staleness_policy,
                                  "nesterov_delay": self.cfg.nesterov_delay,
                                  "momentum_unit": self.cfg.momentum_unit,
+                                 "momentum_warmup": self.cfg.momentum_warmup,
                                  "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum,
                                  "eval_data": self.cfg.eval_data or None, "eval_budget": self.cfg.eval_budget})
         return self.address
@@ -732,6 +735,11 @@ class Syncer:
                                              error=f"{type(exc).__name__}: {exc}")
                             self.cond.wait(0.5)
 
+    def _momentum_now(self, rounds: float) -> float:
+        """The outer momentum after `rounds` merged rounds: ramped up over --momentum-warmup."""
+        warmup = self.cfg.momentum_warmup
+        return self.outer.momentum * (min(1.0, rounds / warmup) if warmup > 0 else 1.0)
+
     def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
         """Apply one outer step to a fragment. Called under the lock, which it releases
         while the new state is written.
@@ -764,13 +772,16 @@ class Syncer:
                      "accum_count": accum_count, "averaged": averaged if stepped else 0}
         else:
             fraction = round_fraction(weights) if self.cfg.momentum_unit == "round" else 1.0
-            nesterov_step(params, momentum, delta, self.outer, fraction)
-            outer = {"step": "nesterov", "momentum_step": True, "round_fraction": round(fraction, 4)}
+            mu = self._momentum_now(frag.rounds)
+            nesterov_step(params, momentum, delta, OuterConfig(self.outer.lr, mu), fraction)
+            outer = {"step": "nesterov", "momentum_step": True, "round_fraction": round(fraction, 4),
+                     "momentum": round(mu, 4)}
         finite = all(bool(torch.isfinite(t).all()) for t in params.values())
         if not finite:
             self.counters["nonfinite_merges"] += 1
         applied = frag.applied + [c.ident for c in contribs]
         tokens = frag.tokens + sum(max(0, c.tokens) for c in contribs)
+        rounds = frag.rounds + round_fraction(weights)
         version = frag.version + 1
         frag.writing = True
         self.cond.release()
@@ -780,7 +791,7 @@ class Syncer:
                 nbytes = 0
             else:
                 nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied,
-                                                   accum, accum_count, tokens)
+                                                   accum, accum_count, tokens, rounds)
                 self._last_flush = time.monotonic()
             write_seconds = time.monotonic() - write_started
         except BaseException:
@@ -802,6 +813,7 @@ class Syncer:
         frag.accum, frag.accum_count = accum, accum_count
         frag.version = version
         frag.tokens = tokens
+        frag.rounds = rounds
         frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
         frag.applied = applied
         frag.applied_set.update(c.ident for c in contribs)

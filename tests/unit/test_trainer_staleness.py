@@ -345,7 +345,7 @@ def test_drop_policy_merge_event_logs_policies_and_unit_discounts(prig: PolicyRi
     s.stop()
     [m] = prig.events("merge")
     assert (m["staleness_policy"], m["grace_policy"]) == ("drop", "fixed")
-    assert m["outer"] == {"step": "nesterov", "momentum_step": True, "round_fraction": 1.0}
+    assert m["outer"] == {"step": "nesterov", "momentum_step": True, "round_fraction": 1.0, "momentum": MU}
     assert m["grace"]["policy"] == "fixed" and m["grace"]["why"] == "1 of quorum 1 reported"
     [contrib] = m["contributors"]
     assert (contrib["raw_weight"], contrib["discount"], contrib["weight"], contrib["staleness"]) == (1.0, 1.0, 1.0, 0)
