@@ -42,3 +42,13 @@ def non_negative_float(text: str) -> float:
     if not value >= 0:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def rounds_or_auto(text: str) -> float | str:
+    """A number of rounds >= 0, or `auto`."""
+    if text == "auto":
+        return text
+    try:
+        return non_negative_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a number of rounds >= 0 or 'auto', got {text!r}") from None

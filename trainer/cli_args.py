@@ -11,7 +11,7 @@ from .codec import ENCODINGS
 from .config import ADOPT_MODES, GRACE_POLICIES, MODES, MOMENTUM_UNITS, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
-from .argtypes import non_negative_float, non_negative_int, positive_float, positive_int  # noqa: F401 (re-exported)
+from .argtypes import non_negative_int, positive_float, positive_int, rounds_or_auto  # noqa: F401 (re-exported)
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -76,9 +76,10 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
                    help="round: the outer momentum decays and carries per round's worth of merged weight, so a "
                         "merge of a third of the learners carries a third of it; merge: every merge is a full "
                         "Nesterov step (default: round)")
-    g.add_argument("--momentum-warmup", type=non_negative_float, default=SyncerConfig.momentum_warmup,
-                   metavar="ROUNDS", help="ramp the outer momentum linearly from 0 to --outer-momentum over the "
-                                          "first ROUNDS outer rounds of each fragment (default 0: no ramp)")
+    g.add_argument("--momentum-warmup", type=rounds_or_auto, default="auto", metavar="ROUNDS",
+                   help="ramp the outer momentum linearly from 0 to --outer-momentum over the first ROUNDS outer "
+                        "rounds of each fragment; auto: the momentum's own horizon 1/(1-momentum), 10 rounds at "
+                        "0.9; 0: no ramp (default auto)")
     g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
                    help="frame payload cap in bytes")
     g.add_argument("--eval-budget", type=positive_float, default=SyncerConfig.eval_budget,
@@ -113,7 +114,7 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
                             max_staleness=args.max_staleness, max_payload=args.max_payload,
                             staleness_policy=args.staleness_policy, nesterov_delay=args.nesterov_delay,
                             grace_policy=args.grace_policy, momentum_unit=args.momentum_unit,
-                            momentum_warmup=args.momentum_warmup)
+                            momentum_warmup=None if args.momentum_warmup == "auto" else args.momentum_warmup)
     except ValueError as exc:
         parser.error(str(exc))
         raise

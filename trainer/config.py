@@ -108,7 +108,7 @@ class SyncerConfig:
     nesterov_delay: int = 1        # k: merges per momentum step under delayed-nesterov
     grace_policy: str = "fixed"    # fixed | adaptive (syncer.py, grace_window)
     momentum_unit: str = "round"   # round: a partial merge carries its share of momentum; merge: every merge a full step
-    momentum_warmup: float = 0.0   # outer rounds over which the momentum ramps from 0 to outer_momentum
+    momentum_warmup: float | None = None  # rounds over which the momentum ramps up from 0; None: its horizon
     max_payload: int = 64 * 1024 * 1024
     max_connections: int = 256
     idle_timeout: float = 30.0     # a connection silent this long is closed
@@ -134,8 +134,8 @@ class SyncerConfig:
         if self.nesterov_delay > 1 and self.staleness_policy != "delayed-nesterov":
             raise ValueError(f"nesterov-delay: {self.nesterov_delay} needs --staleness-policy delayed-nesterov, "
                              f"got --staleness-policy {self.staleness_policy}")
-        if not self.momentum_warmup >= 0:
-            raise ValueError(f"momentum-warmup: must be >= 0 rounds, got {self.momentum_warmup}")
+        if self.momentum_warmup is not None and not self.momentum_warmup >= 0:
+            raise ValueError(f"momentum-warmup: must be >= 0 rounds or auto, got {self.momentum_warmup}")
         if self.momentum_unit not in MOMENTUM_UNITS:
             raise ValueError(f"momentum-unit: must be one of {', '.join(MOMENTUM_UNITS)}, got {self.momentum_unit!r}")
         if self.grace_policy not in GRACE_POLICIES:
@@ -147,3 +147,10 @@ class SyncerConfig:
             raise ValueError(f"eval-budget: must be in (0, 1], got {self.eval_budget}")
         if self.sync_checkpoint_every < 1:
             raise ValueError(f"sync-checkpoint-every: must be >= 1, got {self.sync_checkpoint_every}")
+
+    @property
+    def warmup_rounds(self) -> float:
+        """--momentum-warmup, where `auto` is the momentum's own horizon 1/(1−μ) (10 rounds at 0.9)."""
+        if self.momentum_warmup is not None:
+            return self.momentum_warmup
+        return 1.0 / (1.0 - self.outer_momentum)

@@ -234,14 +234,14 @@ class Learner:
         worker.start()
         step = 0
 
-        def push(f: int) -> None:
+        def push(f: int, residual: bool = False) -> None:
             nonlocal seq
             seq += 1
             with torch.no_grad():
                 delta = {n: refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
                 refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
             self.queue.put(OutgoingPush(f, seq, self.adopted_versions[f], tokens_since[f], steps_since[f],
-                                        self.sampler.position, delta, created_step=step))
+                                        self.sampler.position, delta, created_step=step, residual=residual))
             tokens_since[f] = steps_since[f] = 0
             last_push_step[f] = step
             clock.synced(f, step)
@@ -276,7 +276,7 @@ class Learner:
         self._report_final_params()
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
             if steps_since[f]:
-                push(f)
+                push(f, residual=True)
         self.closing.set()
         self.queue.notify()
         drained = self.queue.wait_empty(self.opts.drain_timeout)
@@ -452,7 +452,7 @@ class Learner:
         self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
                          base_version=item.base_version, tokens=item.tokens, steps=item.steps,
                          wire_bytes=len(item.frame), encoding=self.cfg.encoding, status=status, version=version,
-                         attempts=item.attempts, coalesced=item.coalesced,
+                         attempts=item.attempts, coalesced=item.coalesced, residual=item.residual,
                          latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
 
     def _await_version(self, fragment: int, version: int, seq: int) -> None:

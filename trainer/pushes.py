@@ -25,6 +25,7 @@ class OutgoingPush:
     position: int
     delta: dict[str, torch.Tensor] = field(repr=False)
     created_step: int = 0
+    residual: bool = False  # the progress left at a clean stop, pushed whatever --push-window says
     attempts: int = 0
     frame: bytes | None = field(default=None, repr=False)  # fixed at the first attempt
     coalesced: int = 0
@@ -50,6 +51,7 @@ class PushQueue:
                     item.tokens += push.tokens
                     item.steps += push.steps
                     item.position = push.position
+                    item.residual = item.residual or push.residual
                     item.coalesced += 1 + push.coalesced
                     self.coalesced += 1
                     self._cond.notify_all()

@@ -309,7 +309,7 @@ class Syncer:
                                  "staleness_policy": self.cfg.staleness_policy,
                                  "nesterov_delay": self.cfg.nesterov_delay,
                                  "momentum_unit": self.cfg.momentum_unit,
-                                 "momentum_warmup": self.cfg.momentum_warmup,
+                                 "momentum_warmup": self.cfg.warmup_rounds,
                                  "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum,
                                  "eval_data": self.cfg.eval_data or None, "eval_budget": self.cfg.eval_budget})
         return self.address
@@ -737,7 +737,7 @@ class Syncer:
 
     def _momentum_now(self, rounds: float) -> float:
         """The outer momentum after `rounds` merged rounds: ramped up over --momentum-warmup."""
-        warmup = self.cfg.momentum_warmup
+        warmup = self.cfg.warmup_rounds
         return self.outer.momentum * (min(1.0, rounds / warmup) if warmup > 0 else 1.0)
 
     def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:

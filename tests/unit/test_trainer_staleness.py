@@ -319,6 +319,7 @@ def test_fragment_file_written_without_accumulator_loads_with_an_empty_one(tmp_p
 class PolicyRig(Rig):
     def make(self, quorum: int = 1, grace: float = 0.0, max_staleness: int = 4, fragments: int = 1,
              **policy) -> Syncer:
+        policy.setdefault("momentum_warmup", 0.0)  # the arithmetic is checked against torch's step
         cfg = SyncerConfig(host="127.0.0.1", port=0, state_dir=str(self.state_dir), outer_lr=LR,
                            outer_momentum=MU, quorum=quorum, grace=grace, max_staleness=max_staleness, **policy)
         s = Syncer(cfg, train_config(fragments), SECRET, str(self.run_dir))
@@ -501,3 +502,43 @@ def test_adaptive_grace_without_estimate_merges_at_quorum(prig: PolicyRig) -> No
     assert m["grace"]["window"] == 0.0
     # One of two live learners, a full round of tokens: weight 1/2.
     assert m["contributors"][0]["tokens"] == TOKENS and m["contributors"][0]["weight"] == 0.5
+
+
+# ----------------------------------------------------------------------------- momentum warm-up
+
+def test_warmup_auto_is_the_momentum_horizon_and_flags_parse() -> None:
+    assert SyncerConfig().warmup_rounds == pytest.approx(10.0)  # 1 / (1 - 0.9)
+    assert SyncerConfig(outer_momentum=0.5).warmup_rounds == pytest.approx(2.0)
+    assert SyncerConfig(momentum_warmup=0.0).warmup_rounds == 0.0
+    with pytest.raises(ValueError, match="^momentum-warmup:"):
+        SyncerConfig(momentum_warmup=-1.0)
+    parser = build_parser()
+    for value, expected, forwarded in (("auto", None, "auto"), ("3.5", 3.5, "3.5"), ("0", 0.0, "0.0")):
+        args = parser.parse_args(["syncer", "--state-dir", "s", "--momentum-warmup", value])
+        assert syncer_config(args, parser, "s").momentum_warmup == expected
+        flags = forward_flags(args)
+        assert flags[flags.index("--momentum-warmup") + 1] == forwarded
+    with pytest.raises(SystemExit):
+        parser.parse_args(["syncer", "--state-dir", "s", "--momentum-warmup", "-1"])
+
+
+def test_momentum_ramps_up_over_the_warmup_rounds(prig: PolicyRig) -> None:
+    # Warm-up over 2 rounds: the first merge has μ = 0 (a plain step of lr·Δ), the second
+    # μ = 0.9 · 1/2, the third the full 0.9.
+    s = prig.start(momentum_warmup=2.0)
+    c = prig.client(s)
+    c.hello(1, "n")
+    deltas = [prig.delta(s, i) for i in (1, 2, 3)]
+    for i, d in enumerate(deltas):
+        assert c.send(push_frame(1, 1, i + 1, d, base_version=i)).header["status"] == "accepted"
+        wait_until(s, lambda i=i: s.frags[0].version >= i + 1, f"merge {i + 1}")
+    s.stop()
+    assert [m["outer"]["momentum"] for m in prig.events("merge")] == [0.0, pytest.approx(0.45), MU]
+    p, buf = initial_params(), {n: torch.zeros_like(t) for n, t in initial_params().items()}
+    for mu, d in zip((0.0, 0.45, MU), deltas):
+        for n in d:
+            buf[n] = mu * buf[n] + d[n]
+            p[n] = p[n] - LR * (d[n] + mu * buf[n])
+    for n, t in p.items():
+        torch.testing.assert_close(s.frags[0].params[n], t, rtol=1e-5, atol=1e-7)
+    assert s.frags[0].rounds == pytest.approx(3.0)

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -93,19 +94,20 @@ def test_a_follower_that_outlives_rank_0_is_killed(tmp_path: Path) -> None:
 
 
 def test_stop_is_forwarded_to_every_rank_and_not_restarted(tmp_path: Path) -> None:
-    # Each rank exits 0 on SIGTERM, as rank 0 does after pushing its residual progress.
-    on_term = ("import signal, sys, time\n"
+    # Each rank exits 0 on SIGTERM, as rank 0 does after pushing its residual progress, and
+    # says when its handler is in place (a loaded machine starts a Python in well over 0.3 s).
+    on_term = ("import pathlib, signal, sys, time\n"
                "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))\n"
+               "pathlib.Path(sys.argv[1]).touch()\n"
                "time.sleep(30)\n")
-    sup = _supervisor(tmp_path, 2, lambda rank, store: _script(on_term))
+    sup = _supervisor(tmp_path, 2, lambda rank, store: [*_script(on_term), str(tmp_path / f"ready-{rank}")])
     result: list[int] = []
     worker = threading.Thread(target=lambda: result.append(sup.run()))
     worker.start()
-    for _ in range(200):
-        if units_file(tmp_path, 3).exists() and len(sup.procs) == 2:
-            break
-        threading.Event().wait(0.02)
-    threading.Event().wait(0.3)  # the stand-ins install their handler
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"ready-{r}").exists() for r in (0, 1)):
+        assert time.monotonic() < deadline, "the two stand-in ranks did not install their SIGTERM handler in 30 s"
+        time.sleep(0.02)
     sup.request_stop()
     worker.join(timeout=20)
     assert not worker.is_alive(), "the unit did not stop after SIGTERM"
