@@ -20,6 +20,17 @@ if TYPE_CHECKING:
     from .spares import SparePool
 
 
+def log_tail(path: Path, lines: int = 15) -> str:
+    """The last `lines` lines of a process's log, indented, for an error message (its own
+    words, e.g. argparse's reason for exit code 2); a note if there is no log."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return f"    (no log: {exc.strerror or exc})"
+    kept = text.rstrip().splitlines()[-lines:]
+    return "\n".join(f"    {line}" for line in kept) if kept else "    (the log is empty)"
+
+
 def islands_home() -> Path:
     return Path(os.environ.get("ISLANDS_HOME", str(Path.home() / ".cache" / "islands")))
 

@@ -38,6 +38,7 @@ from faults.kinds import (
     target_sort_key,
     targets_clash,
 )
+from faults.sizing import rank_problems
 
 FORMATS: dict[str, str] = {".yaml": "yaml", ".yml": "yaml", ".json": "json"}
 TOP_LEVEL_FIELDS: tuple[str, ...] = ("name", "seed", "learners", "faults")
@@ -269,6 +270,24 @@ def _yaml_flow(value: object) -> str:
     return text.removesuffix("\n...\n").rstrip("\n")
 
 
+def declared_learners(path: str | Path) -> int | None:
+    """The file's ``learners:`` if it is a valid count, else None (``Schedule.load`` reports why).
+
+    Read before the full load, so the run's learner count can be settled first and every
+    target checked against it in the one pass that reports every problem.
+    """
+    try:
+        fmt = format_for(path)
+        text = Path(path).read_text(encoding="utf-8")
+        data = _parse_json(text, None) if fmt == "json" else _parse_yaml(text, None)
+    except (OSError, UnicodeDecodeError, ScheduleError):
+        return None
+    value = data.get("learners") if isinstance(data, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        return None
+    return value
+
+
 # --------------------------------------------------------------------------- the schedule
 
 
@@ -293,8 +312,9 @@ class Schedule:
 
     # ---- checking
 
-    def problems(self, learners: int | None = None) -> list[str]:
-        """Every problem, one message per line-to-be; ``learners`` overrides ``self.learners``."""
+    def problems(self, learners: int | None = None, ranks: int | None = None) -> list[str]:
+        """Every problem, one message per line-to-be; ``learners`` overrides ``self.learners``,
+        ``ranks`` (ranks per learner unit), when given, bounds ``learner-N/rank-R`` targets."""
         errors = _check_header(self.seed, self.learners, self.name)
         effective = _effective_learners(self.learners, learners)
         if not isinstance(self.faults, (tuple, list)):
@@ -308,11 +328,13 @@ class Schedule:
             errors += found
             if not found:
                 good.append((i, fault))
+        if ranks is not None:
+            errors += rank_problems(good, ranks)
         return errors + conflicts(good)
 
-    def validate(self, learners: int | None = None) -> Schedule:
+    def validate(self, learners: int | None = None, ranks: int | None = None) -> Schedule:
         """Raise ScheduleError listing every problem; returns self so calls chain."""
-        errors = self.problems(learners)
+        errors = self.problems(learners, ranks)
         if errors:
             raise ScheduleError(errors)
         return self
@@ -320,11 +342,14 @@ class Schedule:
     # ---- dict form
 
     @classmethod
-    def from_dict(cls, data: object, *, learners: int | None = None, source: str | None = None) -> Schedule:
+    def from_dict(
+        cls, data: object, *, learners: int | None = None, source: str | None = None, ranks: int | None = None
+    ) -> Schedule:
         """Build and validate a schedule from its file form, reporting all problems at once.
 
         ``learners`` overrides the file's ``learners`` when checking targets
-        (e.g. the learner count of the run about to start).
+        (e.g. the learner count of the run about to start); ``ranks``, when given,
+        is the ranks per learner unit that ``learner-N/rank-R`` targets must exist in.
         """
         if data is None:
             raise ScheduleError("empty schedule (expected a mapping with seed and faults)", source)
@@ -352,7 +377,10 @@ class Schedule:
                 fault, problems = _parse_fault(i, entry, effective)
                 errors += problems
                 parsed.append(fault)
-        errors += conflicts([(i, f) for i, f in enumerate(parsed) if f is not None])
+        good = [(i, f) for i, f in enumerate(parsed) if f is not None]
+        if ranks is not None:
+            errors += rank_problems(good, ranks)
+        errors += conflicts(good)
         if errors:
             raise ScheduleError(errors, source)
         return cls(seed=seed, faults=tuple(parsed), learners=declared, name=name)  # type: ignore[arg-type]
@@ -372,22 +400,28 @@ class Schedule:
 
     @classmethod
     def loads(
-        cls, text: str, fmt: str = "yaml", *, learners: int | None = None, source: str | None = None
+        cls,
+        text: str,
+        fmt: str = "yaml",
+        *,
+        learners: int | None = None,
+        source: str | None = None,
+        ranks: int | None = None,
     ) -> Schedule:
         """Parse and validate YAML or JSON text; ``source`` names it in errors."""
         fmt = _norm_format(fmt)
         data = _parse_json(text, source) if fmt == "json" else _parse_yaml(text, source)
-        return cls.from_dict(data, learners=learners, source=source)
+        return cls.from_dict(data, learners=learners, source=source, ranks=ranks)
 
     @classmethod
-    def load(cls, path: str | Path, *, learners: int | None = None) -> Schedule:
+    def load(cls, path: str | Path, *, learners: int | None = None, ranks: int | None = None) -> Schedule:
         """Read a ``.yaml``/``.yml``/``.json`` schedule; OSError if it can't be read."""
         fmt = format_for(path)
         try:
             text = Path(path).read_text(encoding="utf-8")
         except UnicodeDecodeError as exc:
             raise ScheduleError(f"not UTF-8 text ({exc.reason} at byte {exc.start})", str(path)) from None
-        return cls.loads(text, fmt, learners=learners, source=str(path))
+        return cls.loads(text, fmt, learners=learners, source=str(path), ranks=ranks)
 
     def dumps(self, fmt: str = "yaml") -> str:
         """Readable text, one fault per line; ``loads(dumps(s), fmt) == s``."""

@@ -89,7 +89,8 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm
 
-    from .launch import ClusterSpec, LocalCluster, ProgressTail, evaluate, final_parameters, learner_logs_tail
+    from .launch import (BAR_FORMAT, ClusterSpec, LocalCluster, ProgressTail, evaluate, final_parameters,
+                         learner_logs_tail)
     from .metrics import summarize
     from .events import read_events
 
@@ -106,11 +107,12 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        learner_flags=["--threads", str(args.threads), "--ranks", str(args.ranks)])
     cluster = LocalCluster(spec)
     print(f"islands: {args.learners} learners, {args.mode} mode, data {corpus.name}, run dir {out}", flush=True)
-    tail = ProgressTail(out)
+    tail = ProgressTail(out, args.mode)
+    started = elapsed = 0.0
     try:
         cluster.start()
         started = time.monotonic()
-        with tqdm(total=int(args.duration), unit="s", disable=args.quiet, dynamic_ncols=True) as bar:
+        with tqdm(total=int(args.duration), bar_format=BAR_FORMAT, disable=args.quiet, dynamic_ncols=True) as bar:
             while (elapsed := time.monotonic() - started) < args.duration:
                 time.sleep(0.5)
                 if args.supervise:
@@ -130,6 +132,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     summary = summarize(events, args.learners)
     summary.update({"mode": args.mode, "learners": args.learners, "data": corpus.name,
                     "loss_floor": corpus.entropy_rate, "unigram_entropy": corpus.unigram_entropy})
+    summary.update(run_timing(events, started, elapsed))
     try:
         summary["final_loss"] = round(evaluate(final_parameters(out, train), train, corpus), 4)
     except FileNotFoundError as exc:
@@ -171,9 +174,21 @@ def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def run_timing(events: list[dict], started: float, elapsed: float) -> dict:
+    """How the run's seconds were spent: `wall_seconds` (summarize) spans only the first to
+    the last inner step, so a 60 s run reads 52 s; this says where the rest went."""
+    first = next((e["t"] for e in events if e["kind"] == "inner_step"), None)
+    out = {"run_seconds": round(elapsed, 1)}
+    if first is not None and started:
+        out["startup_seconds"] = round(max(first - started, 0.0), 1)  # CLOCK_MONOTONIC, shared
+    return out
+
+
 def print_summary(s: dict, out: Path) -> None:
     floor = s.get("loss_floor")
+    startup = f"; the first {s['startup_seconds']} s went to starting the learners" if "startup_seconds" in s else ""
     rows = [
+        ("training time", f"{s.get('wall_seconds')} s of the run, first to last inner step{startup}"),
         ("final loss (held-out, nats/byte)", s.get("final_loss")),
         ("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
         ("unigram entropy", round(s["unigram_entropy"], 4)),
@@ -185,7 +200,8 @@ def print_summary(s: dict, out: Path) -> None:
         ("learner incarnations", s.get("learner_incarnations")),
     ]
     width = max(len(k) for k, _ in rows)
-    print(f"\nsummary ({s.get('mode')}, {s.get('learners')} learners, {s.get('wall_seconds')} s):")
+    length = f"{s['run_seconds']:g} s run" if s.get("run_seconds") is not None else f"{s.get('wall_seconds')} s"
+    print(f"\nsummary ({s.get('mode')}, {s.get('learners')} learners, {length}):")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
     print(f"  {'run dir':<{width}}  {out}")

@@ -15,6 +15,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from .event_echo import EventEcho
+from .event_echo import enabled as echo_enabled
+
 EVENTS_DIR = "events"
 
 # Event kinds, documented in one place so writers and readers agree.
@@ -72,6 +75,8 @@ class EventLog:
         self.learner = learner
         self._lock = threading.Lock()
         self._file = None
+        # A readable copy on stderr for container logs ($ISLANDS_EVENTS_TO_STDERR=1, event_echo.py).
+        self._echo = EventEcho() if echo_enabled() else None
         if run_dir is not None:
             path = Path(run_dir) / EVENTS_DIR / f"{process}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -94,6 +99,8 @@ class EventLog:
         with self._lock:
             if self._file is not None:
                 self._file.write(line + "\n")
+            if self._echo is not None:
+                self._echo(record)
         return record
 
     def close(self) -> None:

@@ -159,11 +159,16 @@ def _tail(path: Path | None, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
-class ProgressTail:
-    """Follows the event files to show loss, version and live learners on the progress bar."""
+# The bar counts seconds of the run (`12/60 s`), not a rate: "s/s" would read as a speed.
+BAR_FORMAT = "{l_bar}{bar}| {n_fmt}/{total_fmt} s [{elapsed}<{remaining}{postfix}]"
 
-    def __init__(self, run_dir: Path) -> None:
+
+class ProgressTail:
+    """Follows the event files to show loss and the global version (sync mode: rounds) on the bar."""
+
+    def __init__(self, run_dir: Path, mode: str = "decoupled") -> None:
         self.dir = run_dir / EVENTS_DIR
+        self.mode = mode
         self.offsets: dict[Path, int] = {}
         self.loss: dict[int, float] = {}
         self.version = 0
@@ -193,8 +198,12 @@ class ProgressTail:
                     self.rounds = e["round"] + 1
 
     def postfix(self) -> dict:
-        loss = sum(self.loss.values()) / len(self.loss) if self.loss else float("nan")
-        return {"loss": f"{loss:.3f}", "version": self.version, "rounds": self.rounds}
+        """Mean of the learners' last losses (… before the first step), and the clock that
+        moves in this mode: the merged version (decoupled) or completed rounds (sync)."""
+        loss = f"{sum(self.loss.values()) / len(self.loss):.3f}" if self.loss else "…"
+        if self.mode == "sync":
+            return {"loss": loss, "rounds": self.rounds}
+        return {"loss": loss, "version": self.version}
 
 
 def final_parameters(run_dir: Path, train: TrainConfig, state_dir: Path | None = None) -> dict[str, torch.Tensor]:

@@ -25,6 +25,11 @@ class Cluster(ABC):
     toxiproxy: ToxiproxyClient
 
     # ----------------------------------------------------------- lifecycle
+    def preflight(self) -> None:
+        """Refuse, before anything is created, a run this backend cannot start (raises, saying why).
+
+        The runner calls it before it makes the run directory, so a refused run leaves none."""
+
     @abstractmethod
     def start(self) -> None:
         """Clean up after any crashed earlier run, then bring everything up."""

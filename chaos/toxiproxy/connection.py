@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import select
 import socket
 import struct
@@ -168,10 +169,11 @@ class Connection:
         """Non-blocking connect that a disable or stop can cut short."""
         try:
             candidates = resolve_dial(upstream)
-        except OSError as exc:
-            log.warning("proxy %s: cannot resolve upstream %s: %s", self.proxy.name, upstream, exc)
+        except OSError as exc:  # e.g. a stopped container's name leaves Docker's DNS
+            self.proxy.outages.failed(upstream, f"cannot resolve it: {exc.strerror or exc}")
             return None
         deadline = time.monotonic() + DIAL_TIMEOUT_S
+        err = 0
         for family, address in candidates:
             sock = socket.socket(family, socket.SOCK_STREAM)
             sock.setblocking(False)
@@ -188,9 +190,11 @@ class Connection:
                 if err == 0 and time.monotonic() > deadline:
                     err = errno.ETIMEDOUT
             if err == 0:
+                self.proxy.outages.answered()
                 return sock
             sock.close()
             if self.closing:
                 return None
-        log.warning("proxy %s: unable to open connection to upstream %s", self.proxy.name, upstream)
+        reason = os.strerror(err) if err > 0 else "no address to dial"
+        self.proxy.outages.failed(upstream, f"unable to open a connection: {reason}")
         return None

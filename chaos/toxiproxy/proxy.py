@@ -18,6 +18,7 @@ from .addr import bind_listener
 from .connection import Connection
 from .errors import AlreadyStarted
 from .fdwake import Waker
+from .outage import UpstreamOutages
 from .toxic_collection import ToxicCollection
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class Proxy:
         self.upstream = upstream
         self.enabled = False
         self.toxics = ToxicCollection()
+        self.outages = UpstreamOutages(name)  # failed dials of the upstream, said once per outage
         self._lock = threading.RLock()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
@@ -112,6 +114,7 @@ class Proxy:
             conns = list(self._conns)
         for conn in conns:
             conn.abort()
+        self.outages.stopped()
         log.info("terminated proxy %s", self.name)
 
     def wait_closed(self, deadline: float) -> bool:

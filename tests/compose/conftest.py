@@ -14,7 +14,8 @@ FAST_TRAINER_ARGS = ("--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--bat
 
 @pytest.fixture(autouse=True)
 def separate_project(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep the suite's containers apart from a cluster a developer has up by hand."""
+    """Keep the suite's containers apart from a cluster a developer has up by hand (while
+    one runs, the backend refuses to start beside it: chaos/backends/compose_guard.py)."""
     monkeypatch.setenv("ISLANDS_COMPOSE_PROJECT", "islands-test")
 
 

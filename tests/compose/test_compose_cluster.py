@@ -58,6 +58,12 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     assert (out / "state" / "meta.json").is_file(), "the syncer's state volume was not copied out"
     assert json.loads((out / "toxiproxy.json").read_text())["url"].startswith("http://127.0.0.1:")
 
+    # What `docker compose logs` shows: the roles' events on stderr, saved by the backend.
+    assert " learner-1 inner_step " in (out / "logs" / "learner-1.log").read_text(), "a learner's log is silent"
+    assert " syncer merge " in (out / "logs" / "syncer.log").read_text(), "the syncer's log shows no merge"
+    # What the user saw while it ran: progress, each fault as it started.
+    assert "every learner is training" in done.stdout and "faults[3] kill syncer started" in done.stdout
+
 
 def test_network_partition_keeps_the_aliases_and_the_learner_rejoins(cluster: ComposeCluster) -> None:
     run_dir = cluster.run_dir

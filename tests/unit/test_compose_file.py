@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -85,3 +86,41 @@ def test_docker_compose_accepts_the_files(version: str, files: list[str]) -> Non
     argv = [*_compose_command(version), *[a for f in files for a in ("-f", f)], "config", "-q"]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
+
+
+# --------------------------------------------------------------------------- the header's commands
+
+HEADER = [line for line in (ROOT / "compose.yaml").read_text().splitlines()[:60] if line.startswith("#")]
+COMMAND = re.compile(r"^#\s+(docker-compose|docker compose)\s+(.*?)\s*(#.*)?$")
+
+
+def _header_commands() -> list[tuple[str, str]]:
+    return [(m.group(1), m.group(2)) for line in HEADER if (m := COMMAND.match(line))]
+
+
+def test_the_header_leads_with_the_command_that_works_offline() -> None:
+    """The real Toxiproxy image must be pulled; the override needs only the islands image,
+    which docker/build-image.sh builds without pulling anything."""
+    ups = [(tool, args) for tool, args in _header_commands() if re.search(r"\bup\b", args)]
+    assert ups, "the header shows how to bring the cluster up"
+    assert "-f compose.yaml -f compose.islands-toxiproxy.yaml" in ups[0][1], ups[0]
+    offline = {tool for tool, args in ups if "compose.islands-toxiproxy.yaml" in args}
+    assert offline == {"docker-compose", "docker compose"}, "both compose v1 and v2 are shown"
+    text = "\n".join(HEADER)
+    assert "docker/build-image.sh" in text
+    plain = [args for _, args in ups if "compose.islands-toxiproxy.yaml" not in args]
+    assert plain and "already present" in text, "plain `up` is shown only with what it needs"
+
+
+def test_every_file_the_header_names_exists() -> None:
+    for _, args in _header_commands():
+        words = args.split()
+        while words[:1] == ["-f"]:  # the global -f flags, before the subcommand (`logs -f` is follow)
+            assert (ROOT / words[1]).is_file(), f"{args}: no {words[1]}"
+            words = words[2:]
+
+
+def test_events_reach_the_container_logs() -> None:
+    for name in ["syncer", *LEARNERS]:
+        env = SERVICES[name]["environment"]
+        assert env.get("ISLANDS_EVENTS_TO_STDERR") == "${ISLANDS_EVENTS_TO_STDERR:-1}", name

@@ -1,4 +1,4 @@
-"""``validate FILE [--learners N]``: output and exit codes."""
+"""``validate FILE [--learners N] [--ranks R]``: output and exit codes, and agreement with ``chaos run``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "schedules"
 def test_valid_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert validate_main([str(EXAMPLES / "kill-partition-latency.yaml")]) == 0
     out, err = capsys.readouterr()
-    assert out == "OK: 3 faults over 34 s, targets: learner-1, learner-2, learner-3\n"
+    assert out == "OK: 3 faults over 34 s, targets: learner-1, learner-2, learner-3 (3 learners)\n"
     assert err == ""
 
 
@@ -24,7 +24,7 @@ def test_valid_json_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     path = tmp_path / "one.json"
     Schedule(seed=1, faults=(Kill(0.5, 2.25, "syncer"),)).dump(path)
     assert validate_main([str(path)]) == 0
-    assert capsys.readouterr().out == "OK: 1 fault over 2.75 s, targets: syncer\n"
+    assert capsys.readouterr().out == "OK: 1 fault over 2.75 s, targets: syncer (3 learners)\n"
 
 
 def test_empty_schedule_summary() -> None:
@@ -43,15 +43,50 @@ def test_invalid_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(lines) == 10
 
 
-def test_learners_option(capsys: pytest.CaptureFixture[str]) -> None:
-    path = str(EXAMPLES / "kill-partition-latency.yaml")
-    assert validate_main([path, "--learners", "2"]) == 2
+def test_learners_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "no-size.yaml"
+    path.write_text((EXAMPLES / "kill-partition-latency.yaml").read_text().replace("learners: 3\n", ""))
+    assert validate_main([str(path), "--learners", "2"]) == 2
     _, err = capsys.readouterr()
     assert err == (
         f"{path}: faults[2].target: no such target 'learner-3' (learners: 1..2)\n"
         "INVALID: 1 error\n"
     )
-    assert validate_main(["--learners", "5", path]) == 0
+    assert validate_main(["--learners", "5", str(path)]) == 0
+    assert capsys.readouterr().out.endswith("(5 learners)\n")
+
+
+def test_learners_option_must_agree_with_the_file(capsys: pytest.CaptureFixture[str]) -> None:
+    """`chaos run --learners 5` refuses a schedule that says `learners: 3`, so validate does too."""
+    path = str(EXAMPLES / "kill-partition-latency.yaml")
+    assert validate_main([path, "--learners", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--learners 5 disagrees with" in err and "learners: 3" in err
+    assert err.endswith("INVALID: 1 error\n")
+    assert validate_main([path, "--learners", "3"]) == 0
+
+
+def test_without_learners_targets_are_checked_against_run_default(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """No `learners:` and no --learners: the 3 learners `chaos run` would start, not unbounded."""
+    path = tmp_path / "seven.yaml"
+    path.write_text("seed: 1\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-7}\n")
+    assert validate_main([str(path)]) == 2
+    assert "no such target 'learner-7' (learners: 1..3)" in capsys.readouterr().err
+    assert validate_main([str(path), "--learners", "7"]) == 0
+
+
+def test_rank_targets_need_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`learner-2/rank-3` exists only in units of 4 ranks or more, as `chaos run --ranks` makes them."""
+    path = tmp_path / "rank.yaml"
+    path.write_text("seed: 1\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-2/rank-3}\n")
+    assert validate_main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "faults[0].target: no such target 'learner-2/rank-3': learner-2 runs a single process (--ranks 1)" in err
+    assert validate_main([str(path), "--ranks", "3"]) == 2
+    assert "learner-2 runs 3 ranks (rank-0..rank-2; --ranks 3)" in capsys.readouterr().err
+    assert validate_main([str(path), "--ranks", "4"]) == 0
+    assert capsys.readouterr().out.endswith("(3 learners of 4 ranks)\n")
 
 
 def test_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,7 +112,8 @@ def test_syntax_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert err.endswith("INVALID: 1 error\n")
 
 
-@pytest.mark.parametrize("argv", [[], ["a.yaml", "b.yaml"], ["a.yaml", "--learners", "0"], ["a.yaml", "--learners", "x"]])
+@pytest.mark.parametrize("argv", [[], ["a.yaml", "b.yaml"], ["a.yaml", "--learners", "0"], ["a.yaml", "--learners", "x"],
+                                  ["a.yaml", "--ranks", "0"]])
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert validate_main(argv) == 2
     assert "usage: python -m chaos validate" in capsys.readouterr().err

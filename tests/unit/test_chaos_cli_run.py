@@ -1,0 +1,118 @@
+"""`python -m chaos run`: the cluster's size, refusals that leave nothing behind, and the
+syncer's own words when it exits at start. No cluster is started here."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import chaos.runner
+from chaos.__main__ import main
+from chaos.backends.local import LocalCluster
+from chaos.processes import log_tail
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK = ROOT / "examples" / "schedules" / "quick.yaml"  # learners: 2
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Stand in for run_schedule: record what would have started."""
+    calls: list[dict] = []
+
+    def fake_run_schedule(schedule, run_dir, **kwargs):
+        calls.append({"schedule": schedule, "run_dir": run_dir, **kwargs})
+        raise RuntimeError("stand-in: no cluster in unit tests")
+
+    monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
+    return calls
+
+
+def test_the_schedules_learners_sets_the_cluster_size(started: list[dict], tmp_path: Path) -> None:
+    assert main(["run", str(QUICK), "--out", str(tmp_path / "run")]) == 1
+    assert started[-1]["learners"] == 2, "quick.yaml says learners: 2, so the run starts 2"
+
+
+def test_without_learners_anywhere_the_run_starts_three(started: list[dict], tmp_path: Path) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text("seed: 1\nfaults:\n- {kind: pause, at: 1, duration: 1, target: learner-3}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
+    assert started[-1]["learners"] == 3
+
+
+def test_learners_that_disagree_with_the_schedule_is_an_error_naming_both(
+        started: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(QUICK), "--learners", "3", "--out", str(tmp_path / "run")])
+    assert info.value.code == 2 and not started
+    err = capsys.readouterr().err
+    assert "--learners 3 disagrees with" in err and "learners: 2" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_rank_target_without_ranks_is_refused_before_the_run_dir_exists(
+        started: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "rank.yaml"
+    path.write_text("seed: 1\nlearners: 2\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-2/rank-3}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert "no such target 'learner-2/rank-3'" in capsys.readouterr().err
+    assert not started and not (tmp_path / "run").exists()
+
+
+def test_a_fault_the_backend_cannot_apply_leaves_no_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The real run_schedule: the local backend refuses a network partition before creating anything."""
+    path = tmp_path / "net.yaml"
+    path.write_text("seed: 1\nlearners: 2\nfaults:\n"
+                    "- {kind: partition, at: 1, duration: 2, targets: [learner-1], mode: network}\n")
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--out", str(out)]) == 2
+    assert "faults[0].mode: 'network' partitions need the compose backend" in capsys.readouterr().err
+    assert not out.exists(), "a refused run must not leave a run directory behind"
+
+
+class _Exited:
+    """A ManagedProcess whose syncer exited at once, as one given a flag it does not know."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        self.popen = type("P", (), {"returncode": 2})()
+
+    def running(self) -> bool:
+        return False
+
+
+def test_a_syncer_that_exits_at_start_is_quoted_in_the_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "logs" / "syncer.log"
+    log.parent.mkdir()
+    log.write_text("usage: python -m trainer syncer [-h] ...\n"
+                   "python -m trainer syncer: error: unrecognized arguments: --bogus-flag\n")
+    cluster = LocalCluster(tmp_path, learners=1, trainer_args=["--bogus-flag"])
+    monkeypatch.setattr(cluster, "_spawn", lambda name, argv: _Exited(log))
+    with pytest.raises(RuntimeError) as info:
+        cluster._start_syncer()
+    message = str(info.value)
+    assert message.startswith("syncer exited with 2 before listening")
+    assert "unrecognized arguments: --bogus-flag" in message
+
+
+def test_log_tail_keeps_the_last_lines_and_says_when_there_is_no_log(tmp_path: Path) -> None:
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(40)))
+    tail = log_tail(log, lines=3)
+    assert tail.splitlines() == ["    line 37", "    line 38", "    line 39"]
+    assert "no log" in log_tail(tmp_path / "missing.log")
+    log.write_text("")
+    assert "empty" in log_tail(log)
+
+
+def test_validate_and_run_agree_on_a_schedule_without_learners(tmp_path: Path) -> None:
+    """What `chaos validate` accepts `chaos run` accepts, and the reverse, for the same flags."""
+    path = tmp_path / "seven.yaml"
+    path.write_text("seed: 1\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-7}\n")
+    validate = subprocess.run([sys.executable, "-m", "chaos", "validate", str(path)], capture_output=True,
+                              text=True, timeout=120, cwd=ROOT)
+    assert validate.returncode == 2 and "(learners: 1..3)" in validate.stderr
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
