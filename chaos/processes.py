@@ -141,16 +141,34 @@ def start_recorded(name: str, argv: list[str], log_dir: Path, env: dict[str, str
 
 
 class Registry:
-    """A JSON file of the processes one cluster name has started."""
+    """The processes one cluster started, in a file of its own with its owner's PID and start
+    time: `local/<name>-<owner pid>-<n>.json` under the islands home.
+
+    `reap_leftovers` kills the processes of clusters of the same name whose owner is gone (a
+    run that crashed or was SIGKILLed before it could stop them), and never those of a live
+    owner: two runs on one machine at once used to share one file, and the second to start
+    killed the first's syncer and learners."""
+
+    _instances = 0
 
     def __init__(self, name: str) -> None:
-        self.path = islands_home() / "local" / f"{name}.json"
+        Registry._instances += 1
+        self.name = name
+        self.owner = os.getpid()
+        self.owner_start = proc_start_time(self.owner)
+        self.path = islands_home() / "local" / f"{name}-{self.owner}-{Registry._instances}.json"
 
-    def _read(self) -> list[dict]:
+    @staticmethod
+    def _load(path: Path) -> dict:
         try:
-            return json.loads(self.path.read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError):
-            return []
+            return {"processes": []}
+        return data if isinstance(data, dict) else {"processes": data}  # a file from before owners: orphaned
+
+    def entries(self) -> list[dict]:
+        """The processes this cluster recorded: name, pid, start (clock ticks since boot), argv."""
+        return self._load(self.path)["processes"]
 
     def record(self, proc: ManagedProcess) -> None:
         self.record_pid(proc.name, proc.pid, proc.argv)
@@ -158,32 +176,51 @@ class Registry:
     def record_pid(self, name: str, pid: int, argv: list[str]) -> None:
         """Record `name` as `pid`; an entry with the same name or PID (a spare that became
         this process) is replaced."""
-        entries = [e for e in self._read() if e["name"] != name and e["pid"] != pid]
+        entries = [e for e in self.entries() if e["name"] != name and e["pid"] != pid]
         entries.append({"name": name, "pid": pid, "start": proc_start_time(pid), "argv": argv[:4]})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(entries))
+        tmp.write_text(json.dumps({"owner": self.owner, "owner_start": self.owner_start, "processes": entries}))
         os.replace(tmp, self.path)
 
+    def orphaned(self) -> list[Path]:
+        """Registry files of this name whose owner process is gone."""
+        out = []
+        for path in sorted(self.path.parent.glob(f"{self.name}*.json")):
+            parts = path.stem.rsplit("-", 2)
+            ours = path.stem == self.name or (len(parts) == 3 and parts[0] == self.name
+                                              and parts[1].isdigit() and parts[2].isdigit())
+            if path == self.path or not ours:
+                continue
+            data = self._load(path)
+            owner = data.get("owner")
+            if owner is not None and proc_start_time(int(owner)) == data.get("owner_start"):
+                continue  # a live run's cluster: not ours to touch
+            out.append(path)
+        return out
+
     def reap_leftovers(self, timeout: float = 10.0) -> list[str]:
-        """Kill the processes a previous run of this name left running; returns their names."""
-        killed = []
-        for e in self._read():
-            pid, start = int(e["pid"]), e.get("start")
-            if start is None or proc_start_time(pid) != start:
-                continue  # gone, or the PID now belongs to someone else
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
-            except PermissionError:
-                continue
-            killed.append(f"{e['name']} (pid {pid})")
+        """Kill the processes that runs of this name left running when their owner died;
+        returns their names."""
+        killed, reaped = [], []
+        for path in self.orphaned():
+            entries = self._load(path)["processes"]
+            for e in entries:
+                pid, start = int(e["pid"]), e.get("start")
+                if start is None or proc_start_time(pid) != start:
+                    continue  # gone, or the PID now belongs to someone else
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    continue
+                killed.append(f"{e['name']} (pid {pid})")
+            reaped.append((path, entries))
         deadline = time.monotonic() + timeout
-        for e in self._read():
-            while proc_start_time(int(e["pid"])) == e.get("start") and proc_state(int(e["pid"])) not in (None, "Z"):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.05)
-        self.path.unlink(missing_ok=True)
+        for path, entries in reaped:
+            for e in entries:
+                while proc_start_time(int(e["pid"])) == e.get("start") and proc_state(int(e["pid"])) not in (None, "Z"):
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+            path.unlink(missing_ok=True)
         return killed

@@ -63,7 +63,8 @@ def test_next_run_starts_clean_after_sigkill(tmp_path: Path, isolated_home: Path
     finally:
         controller.send_signal(signal.SIGKILL)
         controller.wait(timeout=10)
-    leftovers = json.loads(Registry("islands").path.read_text())
+    [crashed] = Registry("islands").orphaned()  # its owner, the controller, is gone
+    leftovers = json.loads(crashed.read_text())["processes"]
     alive = [e for e in leftovers if proc_start_time(e["pid"]) == e["start"]]
     assert len(alive) == 3, f"expected the orphaned syncer and 2 learners to survive the SIGKILL: {leftovers}"
 
@@ -79,7 +80,9 @@ def test_next_run_starts_clean_after_sigkill(tmp_path: Path, isolated_home: Path
                  lambda ev: any(e["kind"] == "merge" for e in ev), 120)
     finally:
         cluster.stop()
-    assert not Registry("islands").path.exists(), "a clean stop left its registry behind"
+    assert not crashed.exists(), "the crashed run's registry was not removed once reaped"
+    assert not cluster.registry.path.exists(), "a clean stop left its registry behind"
+    assert not list(isolated_home.glob("local/islands*.json")), "registry files left behind"
 
 
 def test_external_toxiproxy_via_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

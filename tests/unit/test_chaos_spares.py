@@ -146,13 +146,13 @@ def test_start_spares_records_each_spare_and_a_role_replaces_its_entry(tmp_path:
         pool = start_spares(sys.executable, probe_env, ["colorsys"], tmp_path, 1, registry)
         try:
             pid = pool.idle[0].pid
-            entries = json.loads(registry.path.read_text())
+            entries = registry.entries()
             assert [(e["name"], e["pid"]) for e in entries] == [(f"spare-{pid}", pid)]
             assert entries[0]["start"] == proc_start_time(pid)
             proc = ManagedProcess("learner-1", [sys.executable, "-m", "probe_mod"], tmp_path / "l.log", probe_env)
             proc.start(pool)
             registry.record(proc)
-            names = {e["name"]: e["pid"] for e in json.loads(registry.path.read_text())}
+            names = {e["name"]: e["pid"] for e in registry.entries()}
             assert names["learner-1"] == pid and f"spare-{pid}" not in names, \
                 "the spare's entry became the role's: one PID, one entry"
             _wait_exit(proc.popen, "the probe")
