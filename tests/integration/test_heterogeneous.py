@@ -1,18 +1,19 @@
-"""Heterogeneous learners: a 4x slower learner never slows a fast one in decoupled mode.
+"""Heterogeneous learners: a 4x slower learner never holds back a fast one in decoupled mode.
 
 Two learners share this machine; learner-2 runs at --speed 0.25 (each step followed by
-three times its compute of spinning). The fast learner's median step time is compared with
-runs where both are fast: decoupled, it does not wait for the slow one (bounded at 1.5x, where
-a coupled learner is 4x slower; the 10% figure is bench/heterogeneous.py's, a benchmark). The same measurement in sync mode,
-where every step waits for the slowest learner, shows the coupling it would catch.
+three times its compute of spinning). Decoupled, the fast learner runs ahead of the slow one
+(it made at least twice its steps over the same stretch) and merges go on without the slow
+learner; in sync mode, the control, every round waits for both, so they step in lockstep.
+Every assertion is on the run's own structure (step counts within one run, who is in which
+merge or round), none on seconds: how fast the fast learner steps on this machine, and the
+10% target, are speed figures and live in bench/heterogeneous.py (BENCHMARKS.md).
 The slow learner spins rather than sleeps (`--slowdown spin`), so it keeps its core as busy
 as a fast one would and CPU sharing on one machine does not pose as (de)coupling; two
-learners, so that both fit on two cores. The slow learner's pushes carry the tokens it really processed, and every merge
-weighs each push by its tokens.
+learners, so that both fit on two cores. The slow learner's pushes carry the tokens it really
+processed, and every merge weighs each push by its tokens.
 """
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,6 @@ pytestmark = pytest.mark.integration
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 MEASURED_STEPS = 300
 WARMUP_STEPS = 20
-PAIRS = 2
 
 
 def _steps(events: list[dict], learner: int) -> list[dict]:
@@ -49,43 +49,37 @@ def _train(run_dir: Path, mode: str, speeds: dict[int, float]) -> list[dict]:
     return read_events(run_dir)
 
 
-def _step_intervals(events: list[dict], learner: int) -> list[float]:
-    """Wall time between consecutive steps of `learner`, in the measured window: learner-1's
-    steps after its warm-up, while the other learner still trains."""
+def _window(events: list[dict]) -> tuple[float, float]:
+    """While both learners were training, after learner-1's warm-up."""
     fast = [e["t"] for e in _steps(events, 1)]
-    end = min(fast[min(len(fast), WARMUP_STEPS + MEASURED_STEPS) - 1], _steps(events, 2)[-1]["t"])
-    times = [e["t"] for e in _steps(events, learner) if fast[WARMUP_STEPS] <= e["t"] <= end]
-    assert len(times) > 10, f"learner-{learner} made only {len(times)} steps in the measured window"
-    return [b - a for a, b in zip(times, times[1:])]
+    start = max(fast[WARMUP_STEPS], _steps(events, 2)[0]["t"])
+    return start, min(fast[-1], _steps(events, 2)[-1]["t"])
 
 
-def _median_step_seconds(events: list[dict], learner: int) -> float:
-    return statistics.median(_step_intervals(events, learner))
+def _window_steps(events: list[dict], learner: int) -> int:
+    start, end = _window(events)
+    return sum(1 for e in _steps(events, learner) if start <= e["t"] <= end)
 
 
-def test_a_4x_slower_learner_leaves_the_fast_learner_s_step_rate_unchanged(tmp_path: Path) -> None:
-    # Two alternating pairs of runs, intervals pooled per condition: one run's median moves by
-    # several percent with whatever else the machine does, a pooled median much less.
-    even_intervals: list[float] = []
-    uneven_intervals: list[float] = []
-    for pair in range(PAIRS):
-        even_intervals += _step_intervals(_train(tmp_path / f"even-{pair}", "decoupled", {}), 1)
-        uneven_events = _train(tmp_path / f"uneven-{pair}", "decoupled", {2: 0.25})
-        uneven_intervals += _step_intervals(uneven_events, 1)
-    even, uneven = statistics.median(even_intervals), statistics.median(uneven_intervals)
-    slow = _median_step_seconds(uneven_events, 2)
-    assert slow > 2.5 * uneven, f"learner-2 was not slowed down (step {slow:.4f}s vs {uneven:.4f}s)"
-    # A fast learner coupled to a 4x slower one steps 4x slower (sync mode, below, shows it).
-    # Decoupled it must not wait at all; the bound leaves room for the noise of two shared
-    # cores. The 10% target is a speed figure, measured where speed figures belong: in
-    # bench/heterogeneous.py (median of alternating runs; -6.9% in BENCHMARKS.md).
-    assert uneven <= 1.5 * even, (
-        f"the fast learner slowed down {uneven / even - 1:+.1%} with a 4x slower peer "
-        f"({even * 1e3:.2f} ms -> {uneven * 1e3:.2f} ms per step)")
+def test_a_4x_slower_learner_does_not_hold_back_the_fast_one(tmp_path: Path) -> None:
+    uneven_events = _train(tmp_path / "uneven", "decoupled", {2: 0.25})
+    fast, slow = _window_steps(uneven_events, 1), _window_steps(uneven_events, 2)
+    assert slow > 10, f"learner-2 made only {slow} steps while learner-1 trained"
+    # Coupled, the fast learner would make one step per step of the slow one (sync mode,
+    # below); decoupled it runs ahead, by about the 4x of the configured speeds.
+    assert fast >= 2 * slow, f"the fast learner made {fast} steps while the 4x slower one made {slow}"
+    alone = [m for m in merges(uneven_events) if {c["learner"] for c in m["contributors"]} == {1}]
+    assert alone, "no merge went ahead without the slow learner"
 
     # The control: in sync mode the same slow peer gates every step of the fast learner.
-    coupled = _median_step_seconds(_train(tmp_path / "sync", "sync", {2: 0.25}), 1)
-    assert coupled > 2 * even, f"sync mode should couple the learners ({even:.4f}s -> {coupled:.4f}s)"
+    sync_events = _train(tmp_path / "sync", "sync", {2: 0.25})
+    start, end = _window(sync_events)
+    rounds = [e for e in sync_events if e["kind"] == "sync_step" and start <= e["t"] <= end]
+    both = [r for r in rounds if sorted(r["contributors"]) == [1, 2]]
+    assert len(both) >= len(rounds) - 2, f"only {len(both)} of {len(rounds)} sync rounds waited for both learners"
+    coupled_fast, coupled_slow = _window_steps(sync_events, 1), _window_steps(sync_events, 2)
+    assert abs(coupled_fast - coupled_slow) <= 2, (
+        f"sync mode should step the learners in lockstep ({coupled_fast} vs {coupled_slow} steps)")
 
     # Tokens: what the slow learner pushed is what it processed, and merges weigh by tokens.
     processed = {i: sum(e["tokens"] for e in _steps(uneven_events, i)) for i in (1, 2)}
