@@ -11,6 +11,8 @@ from trainer.argtypes import positive_float as _positive_float
 from trainer.argtypes import non_negative_int as _non_negative_int
 from trainer.argtypes import positive_int as _positive_int
 
+from faults.sizing import DEFAULT_LEARNERS, DEFAULT_RANKS
+
 
 def print_verdicts(result) -> None:
     width = max(len(v.name) for v in result.verdicts)
@@ -30,13 +32,23 @@ def print_verdicts(result) -> None:
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from faults import Schedule, ScheduleError
+    from faults.schedule import declared_learners
+    from faults.sizing import SizeConflict, resolve_learners
 
+    from .progress import ProgressPrinter, RunProgress
     from .runner import run_schedule
 
+    path = Path(args.schedule)
     try:
-        schedule = Schedule.load(Path(args.schedule), learners=args.learners)
+        if not path.is_file():
+            raise FileNotFoundError(args.schedule)
+        # The schedule's `learners:` sizes the cluster unless --learners says (the same).
+        args.learners = resolve_learners(declared_learners(path), args.learners, source=str(path))
+        schedule = Schedule.load(path, learners=args.learners, ranks=args.ranks)
     except FileNotFoundError:
         parser.error(f"SCHEDULE: no such file: {args.schedule}")
+    except SizeConflict as exc:
+        parser.error(str(exc))
     except ScheduleError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -51,10 +63,13 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     print(f"chaos: {len(schedule.faults)} fault(s), {args.learners} learners, backend {args.backend}, "
           f"run dir {out}", flush=True)
     try:
-        result = run_schedule(schedule, out, backend=args.backend, learners=args.learners, duration=args.duration,
-                              mode=args.mode, data=args.data, trainer_args=args.trainer_args,
-                              learner_args={i: ["--ranks", str(args.ranks)] for i in range(1, args.learners + 1)}
-                              if args.ranks > 1 else None, warm_spares=args.warm_spares)
+        with ProgressPrinter(RunProgress(out, args.learners)):
+            result = run_schedule(schedule, out, backend=args.backend, learners=args.learners,
+                                  duration=args.duration, mode=args.mode, data=args.data,
+                                  trainer_args=args.trainer_args,
+                                  learner_args={i: ["--ranks", str(args.ranks)] for i in range(1, args.learners + 1)}
+                                  if args.ranks > 1 else None, warm_spares=args.warm_spares,
+                                  reference=args.reference)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
@@ -67,7 +82,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Rerun a recorded run (a `chaos run` dir or a pytest artifacts dir) with its settings and seed."""
+    from .progress import ProgressPrinter, RunProgress
     from .replay import ReplayError, load_recorded, next_replay_dir, replay
+    from .replay_compare import format_comparison, record_comparison
 
     try:
         recorded = load_recorded(args.run_dir)
@@ -85,7 +102,8 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
           f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
           f"{recorded.mode}{extra}, run dir {out}", flush=True)
     try:
-        result = replay(args.run_dir, out, recorded)
+        with ProgressPrinter(RunProgress(out, recorded.learners)):
+            result = replay(args.run_dir, out, recorded, reference=args.reference)
     except ValueError as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2
@@ -93,6 +111,9 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         print(f"replay: error: {exc}", file=sys.stderr)
         return 1
     print_verdicts(result)
+    comparison = record_comparison(args.run_dir, result.run_dir, result.document, recorded.learners)
+    print(format_comparison(comparison))
+    print(f"  (recorded in {result.run_dir / 'replay.json'})")
     return 0 if result.passed else 1
 
 
@@ -106,8 +127,9 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     args.schedule = str(args.schedule or DEMO_SCHEDULE)
     args.out = args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}"
-    args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", 3, None, "decoupled", \
-        "markov", None
+    # learners None: the schedule's `learners:` (3 for the default one) sizes the cluster.
+    args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", None, None, \
+        "decoupled", "markov", None
     args.ranks = 1
     args.warm_spares = DEMO_WARM_SPARES
     status = cmd_run(args, parser)
@@ -133,7 +155,18 @@ def cmd_report(argv: list[str]) -> int:
 
 
 # Subcommands with parsers of their own: everything after the name is theirs.
-PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report}
+def cmd_load(argv: list[str]) -> int:
+    from .load import main as load_main
+    return load_main(argv)
+
+
+PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load}
+
+
+REFERENCE_CHOICES = ("auto", "off")  # chaos/reference.py
+REFERENCE_HELP = ("auto (default): judge final_loss and no_divergence against a fault-free run of the same "
+                  "configuration at the same merged tokens, cached under the islands home and run once when "
+                  "missing; off: the unigram-entropy rule only")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,9 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="start a cluster, apply a fault schedule, heal, check")
     p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.yaml, .yml or .json)")
     p.add_argument("--backend", choices=("local", "compose"), default="local")
-    p.add_argument("--learners", type=_positive_int, default=3)
-    p.add_argument("--ranks", type=_positive_int, default=1,
-                   help="ranks per learner unit (DDP over gloo; faults may target learner-N/rank-R)")
+    p.add_argument("--learners", type=_positive_int, default=None,
+                   help=f"learner units (default: the schedule's learners:, else {DEFAULT_LEARNERS}; "
+                        f"must agree with the schedule's learners: when both are given)")
+    p.add_argument("--ranks", type=_positive_int, default=DEFAULT_RANKS,
+                   help="ranks per learner unit (DDP over gloo; faults may target learner-N/rank-R with R < ranks)")
     p.add_argument("--duration", type=_positive_float, default=None,
                    help="seconds from the first fault's clock start (default: schedule horizon + 20)")
     p.add_argument("--warm-spares", type=_non_negative_int, default=0, metavar="N",
@@ -155,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled")
     p.add_argument("--data", default="markov")
     p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
+    p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
 
@@ -164,16 +200,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="run directory for the replay (default RUN_DIR-replay-<n>, the first free n)")
     p.add_argument("--backend", choices=("local", "compose"), default=None,
                    help="replay on this backend instead of the recorded one")
+    p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report")
     p.add_argument("--out", help="run directory (default runs/demo-<timestamp>)")
     p.add_argument("--schedule", help=f"schedule file (default {DEMO_SCHEDULE.name})")
+    p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_demo, trainer_args=[])
 
     sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
     sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")
     sub.add_parser("report", help="write timeline.png and timeline.html for a run dir (report --help)")
+    sub.add_parser("load", help="keep N busy processes on the CPUs for a while, to run something under a "
+                                "known load (load --help)")
     return parser
 
 

@@ -3,7 +3,11 @@
 Registered through the ``pytest11`` entry point ``islands`` (or ``-p chaos.pytest_plugin``).
 
 Options (group "islands chaos"): ``--chaos-backend``, ``--chaos-seed``, ``--chaos-learners``,
-``--chaos-artifacts``, ``--chaos-streaming``.
+``--chaos-artifacts``, ``--chaos-streaming``, ``--chaos-reference``.
+
+``--chaos-reference`` (auto, the default, or off): the chaos marker and the property suites
+judge final_loss and no_divergence against a fault-free run of the same configuration
+(chaos/reference.py), cached under the islands home and run once when missing.
 
 ``--chaos-streaming`` runs every chaos cluster with streaming DiLoCo: the trainer args of the
 ``cluster`` fixture, of ``@pytest.mark.chaos`` and of the property suites
@@ -93,6 +97,7 @@ class ChaosOptions:
     artifacts: Path = Path("chaos-artifacts")
     streaming: bool = False
     warm_spares: int = 0  # local backend: warm spare processes restarts take (chaos/spares.py)
+    reference: str = "auto"  # final_loss against a fault-free run of the same config (chaos/reference.py)
 
     def spares_for(self, backend: str) -> int:
         """Warm spares for a cluster of `backend`: only the local backend keeps them."""
@@ -161,6 +166,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="local backend: keep N warm spare processes (torch already imported) that restarts "
                          "take instead of a cold Python; applies to the cluster fixture and the chaos marker "
                          "(default 0: cold restarts)")
+    group.addoption("--chaos-reference", choices=("auto", "off"), default="auto",
+                    help="auto: judge final_loss and no_divergence against a fault-free run of the same "
+                         "configuration at the same merged tokens, cached under the islands home (run once when "
+                         "missing); off: the unigram-entropy rule only (default: auto)")
 
 
 def chaos_options_from(config: pytest.Config) -> ChaosOptions:
@@ -168,7 +177,8 @@ def chaos_options_from(config: pytest.Config) -> ChaosOptions:
     return ChaosOptions(backend=config.getoption("chaos_backend"), seed=config.getoption("chaos_seed"),
                         learners=config.getoption("chaos_learners"), artifacts=artifacts,
                         streaming=config.getoption("chaos_streaming"),
-                        warm_spares=config.getoption("chaos_warm_spares"))
+                        warm_spares=config.getoption("chaos_warm_spares"),
+                        reference=config.getoption("chaos_reference"))
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
@@ -185,22 +195,31 @@ _summary = pytest.StashKey["ReplaySummary"]()
 
 
 def register_hypothesis_profiles() -> bool:
-    """Register 'ci' (3 examples) and 'nightly' (200); False when hypothesis is not installed.
-
-    Every example of a property suite is a live cluster run of 20-40 s, so shrinking a failure
-    costs minutes: Hypothesis shrinks for up to 300 s before it reports. 'ci' does not shrink:
-    the first failing schedule is the report (its verdicts, artifacts and replay command), after
-    one confirming rerun. 'nightly' shrinks, within Hypothesis' own 300 s bound."""
+    """Register 'ci' (3 examples) and 'nightly' (200); False when hypothesis is not installed."""
     try:
-        from hypothesis import HealthCheck, Phase, settings
+        from hypothesis import HealthCheck, settings
     except ImportError:
         return False
     for name, examples in PROFILES.items():
-        phases = [Phase.explicit, Phase.reuse, Phase.generate] + ([Phase.shrink] if name in SHRINKING_PROFILES else [])
         settings.register_profile(
-            name, max_examples=examples, deadline=None, print_blob=True, derandomize=False, phases=phases,
+            name, max_examples=examples, deadline=None, print_blob=True, derandomize=False,
             suppress_health_check=[getattr(HealthCheck, h) for h in HEALTH_CHECKS])
     return True
+
+
+def live_settings():
+    """Settings for a property test whose every example is a live cluster run (20-40 s).
+
+    Shrinking such a failure costs minutes: Hypothesis shrinks for up to 300 s before it
+    reports. Under the 'ci' profile a live test does not shrink: the first failing schedule
+    is the report (its verdicts, artifacts and replay command), after one confirming rerun.
+    Under 'nightly' it shrinks, within Hypothesis' own 300 s bound. Call it at import, after
+    the profile is loaded: `@live_settings()` above `@given`."""
+    from hypothesis import Phase, settings
+
+    if settings.get_current_profile_name() in SHRINKING_PROFILES:
+        return settings()
+    return settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
 @pytest.hookimpl(tryfirst=True)  # before hypothesis' own plugin applies --hypothesis-profile
@@ -640,7 +659,7 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
                                       schedule, kw.get("duration"), warm_spares=spares))
     result = runner.run_schedule(schedule, run_dir, backend=chaos_options.backend, learners=learners,
                                  duration=kw.get("duration"), mode=mode, trainer_args=trainer_args,
-                                 warm_spares=spares)
+                                 warm_spares=spares, reference=chaos_options.reference)
     request.node.stash[_result] = result
     return result
 

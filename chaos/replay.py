@@ -98,8 +98,10 @@ def next_replay_dir(run_dir: str | Path) -> Path:
         n += 1
 
 
-def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorded | None = None):
-    """Run the recorded schedule again with its recorded settings; returns the RunResult."""
+def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorded | None = None,
+           reference: str = "auto"):
+    """Run the recorded schedule again with its recorded settings; returns the RunResult.
+    `reference` as chaos.runner.run_schedule takes it."""
     from . import runner
 
     recorded = recorded or load_recorded(run_dir)
@@ -110,7 +112,8 @@ def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorde
         return runner.run_schedule(recorded.schedule, out, backend=recorded.backend, learners=recorded.learners,
                                    duration=recorded.duration, mode=recorded.mode, data=recorded.data,
                                    trainer_args=recorded.trainer_args, learner_args=recorded.learner_args,
-                                   warm_spares=recorded.warm_spares if recorded.backend == "local" else 0)
+                                   warm_spares=recorded.warm_spares if recorded.backend == "local" else 0,
+                                   reference=reference)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -9,7 +9,8 @@ The figure has four panels on one x axis, seconds since the schedule began (the 
 
 1. fault windows, one row per target (syncer, learner-1..N), coloured by kind, with the
    syncer's `heartbeat_lost` (x) and rejoins (triangle) marked on each learner's row;
-2. each learner's training loss (raw faint, rolling mean solid), fault windows shaded;
+2. each learner's training loss (raw faint, rolling mean solid) and Θ's held-out loss as
+   the syncer sampled it (`global_eval`, black dashed), fault windows shaded;
 3. the global version: the highest merged fragment version (or sync round) over time;
 4. each learner's inner steps per second in fixed bins.
 
@@ -44,6 +45,7 @@ RUN_FILE = "run.json"
 FIGSIZE = (14.0, 9.0)
 DPI = 110
 LOSS_SMOOTH_POINTS = 10
+GLOBAL_LOSS_CLIP = 1.5  # Θ samples above this x the highest training loss are drawn clipped
 # Heals after which nothing the schedule started is still in force.
 FINAL_HEALS = ("end", "signal", "exception")
 
@@ -364,6 +366,44 @@ def _title(run: Run) -> str:
     return "  |  ".join(parts)
 
 
+def global_losses(run: Run) -> list[tuple[float, float]]:
+    """(seconds since t0, Θ's held-out loss) of every `global_eval` the syncer wrote; a
+    non-finite loss is left out (the verdicts name it)."""
+    out = []
+    for e in run.events:
+        if e.get("kind") == "global_eval":
+            loss, t = _num(e.get("loss")), _num(e.get("t"))
+            if loss is not None and t is not None:
+                out.append((run.rel(t), loss))
+    return out
+
+
+def _plot_global_loss(run: Run, ax, all_finite: list[float]) -> bool:
+    """Θ's held-out loss beside the learners' training losses. A one-version overshoot of
+    the outer step can reach 3x the untrained loss; the axis stops at GLOBAL_LOSS_CLIP x
+    the highest training loss and such a sample is drawn as a triangle at the top, its
+    value beside it, so the curves stay readable."""
+    points = global_losses(run)
+    if not points:
+        return False
+    xs = np.array([p[0] for p in points])
+    ys = np.array([p[1] for p in points])
+    top = max(all_finite) * GLOBAL_LOSS_CLIP if all_finite else None
+    shown = ys if top is None else np.minimum(ys, top)
+    ax.plot(xs, shown, color="black", linewidth=1.4, linestyle="--", marker="o", markersize=3, zorder=4,
+            label="Θ held-out (syncer)")
+    if top is not None:
+        clipped = ys > top
+        if clipped.any():
+            ax.scatter(xs[clipped], [top] * int(clipped.sum()), marker="^", s=45, color="black", zorder=5)
+            for x, y in zip(xs[clipped], ys[clipped]):
+                ax.annotate(f"{y:.1f}", (x, top), textcoords="offset points", xytext=(4, -9), fontsize=7)
+        all_finite.extend(shown.tolist())
+    else:
+        all_finite.extend(ys.tolist())
+    return True
+
+
 def render_figure(run: Run, path: Path) -> None:
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -502,6 +542,7 @@ def render_figure(run: Run, path: Path) -> None:
                                    label=f"learner-{learner}" if seg == 0 else None)
             if seg == 0:
                 loss_lines.append(line)
+    plotted_global = _plot_global_loss(run, ax_loss, all_finite)
     if all_finite:
         lo, hi = min(all_finite), max(all_finite)
         if lo > 0 and hi / lo > 30:
@@ -509,8 +550,8 @@ def render_figure(run: Run, path: Path) -> None:
     if bad_x:
         ax_loss.scatter(bad_x, [0.97] * len(bad_x), marker="|", s=80, color="#cf222e",
                         transform=ax_loss.get_xaxis_transform(), zorder=5, label="non-finite loss")
-    ax_loss.set_ylabel("training loss")
-    if steps_by_learner:
+    ax_loss.set_ylabel("loss (nats/byte)" if plotted_global else "training loss")
+    if steps_by_learner or plotted_global:
         ax_loss.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False, borderaxespad=0)
     else:
         ax_loss.text(0.5, 0.5, "no inner steps recorded", transform=ax_loss.transAxes, ha="center",
@@ -800,7 +841,9 @@ def render_html(run: Run, png: bytes | None, path: Path) -> None:
         parts.append(f"<img alt='timeline of {_e(run.run_dir.name)}' src='data:image/png;base64,{data}'>")
         parts.append("<p class='sub'>Top: fault windows per target (x: the syncer marked the learner's heartbeat "
                      "lost; triangle: the learner rejoined). Then training loss per learner (faint: raw; solid: "
-                     f"rolling mean of {LOSS_SMOOTH_POINTS} steps; red ticks: non-finite loss), the highest merged "
+                     f"rolling mean of {LOSS_SMOOTH_POINTS} steps; red ticks: non-finite loss) beside the global "
+                     "parameters' held-out loss as the syncer sampled it (black, dashed; a triangle at the top: a "
+                     "sample above the axis, its value beside it), the highest merged "
                      "version (or sync round), and inner steps per second. Fault windows are shaded in every "
                      "panel; the dotted line is the start of the schedule.</p>")
     else:

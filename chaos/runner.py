@@ -20,6 +20,9 @@ from trainer.metrics import summarize
 from .backends.base import Cluster
 from .checkers import RunView, Verdict, run_checkers, verdict_document
 from .controller import HISTORY_FILE, Controller, History, read_history
+from .reference import MODES as REFERENCE_MODES
+from .reference import ReferenceCurve
+from .reference import obtain as obtain_reference
 
 WARMUP_TIMEOUT = 120.0
 TAIL_SECONDS = 20.0
@@ -84,12 +87,22 @@ def final_loss(run_dir: Path, data: str) -> dict:
         return {"eval_error": str(exc)}
 
 
+def with_reference(checker_options: dict | None, reference: ReferenceCurve | None) -> dict:
+    """`checker_options` with the fault-free reference handed to the checks that compare with
+    it; options given explicitly win."""
+    options = {name: dict(opts) for name, opts in (checker_options or {}).items()}
+    if reference is not None:
+        for name in ("final_loss", "no_divergence"):
+            options.setdefault(name, {}).setdefault("reference", reference)
+    return options
+
+
 def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None, data: str = "markov",
-                 evaluate: bool = True) -> RunResult:
+                 evaluate: bool = True, reference: ReferenceCurve | None = None) -> RunResult:
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
     evaluation = final_loss(run_dir, data) if evaluate else {}
     view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE))
-    verdicts = run_checkers(view, checker_options)
+    verdicts = run_checkers(view, with_reference(checker_options, reference))
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
     summary.update(evaluation)
@@ -102,8 +115,20 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
                  duration: float | None = None, mode: str = "decoupled", data: str = "markov",
                  trainer_args: list[str] | None = None, checker_options: dict | None = None,
                  learner_args: dict[int, list[str]] | None = None, evaluate: bool = True,
-                 warm_spares: int = 0) -> RunResult:
+                 warm_spares: int = 0, reference: str = "auto") -> RunResult:
+    """`reference`: "auto" compares the final loss with a fault-free run of the same
+    configuration (chaos/reference.py: cached, run after this one when missing), "off"
+    does not (nor does a run that is not evaluated)."""
+    if reference not in REFERENCE_MODES:
+        raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
     schedule.validate(learners)
+    # Every refusal (a bad schedule, a fault the backend cannot apply, a cluster already
+    # running) comes before the run directory exists: a refused run leaves nothing behind.
+    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args, warm_spares)
+    problems = cluster.unsupported(schedule)
+    if problems:
+        raise ValueError(f"backend {backend}: " + "; ".join(problems))
+    cluster.preflight()
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
     (run_dir / "run.json").write_text(json.dumps({
@@ -112,12 +137,10 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
         "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
         "duration": duration if duration is not None else default_duration(schedule),
         "warm_spares": warm_spares}, indent=2))
-    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args, warm_spares)
-    problems = cluster.unsupported(schedule)
-    if problems:
-        raise ValueError(f"backend {backend}: " + "; ".join(problems))
     history = History(run_dir / HISTORY_FILE)
     try:
+        # The checks measure a cold start-up on this machine from here (chaos/pace.py).
+        history.record(event="cluster_start", backend=backend, learners=learners)
         cluster.start()
         if getattr(cluster, "leftovers", None):
             history.record(event="cleanup", killed=cluster.leftovers)
@@ -129,4 +152,29 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
             cluster.stop()
         finally:
             history.close()
-    return evaluate_run(run_dir, learners, checker_options, data, evaluate)
+    curve = None
+    if reference == "auto" and evaluate:
+        curve = fault_free_reference(run_dir, backend, learners, duration if duration is not None
+                                     else default_duration(schedule), mode, data, trainer_args or [], learner_args,
+                                     warm_spares)
+    return evaluate_run(run_dir, learners, checker_options, data, evaluate, curve)
+
+
+def fault_free_reference(run_dir: Path, backend: str, learners: int, duration: float, mode: str, data: str,
+                         trainer_args: list[str], learner_args: dict[int, list[str]] | None,
+                         warm_spares: int) -> ReferenceCurve | None:
+    """The reference for this run's configuration (cached, or run now), recorded in run.json
+    (`reference`); None, with the reason recorded, when none could be had."""
+    try:
+        curve = obtain_reference(backend, learners, duration, mode, data, trainer_args, learner_args, warm_spares)
+        note = curve.describe() if curve is not None else {"error": "the reference run sampled no global loss"}
+    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
+        curve, note = None, {"error": f"{type(exc).__name__}: {exc}"}
+    path = run_dir / "run.json"
+    try:
+        recorded = json.loads(path.read_text())
+        recorded["reference"] = note
+        path.write_text(json.dumps(recorded, indent=2))
+    except (OSError, ValueError):
+        pass
+    return curve

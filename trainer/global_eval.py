@@ -72,6 +72,7 @@ class GlobalEvaluator:
         self._next_allowed = 0.0
         self._last_versions: list[int] | None = None
         self.evaluations = 0
+        self.last_cost = 0.0  # seconds the last evaluation took: the budget rests a multiple of it
 
     def start(self) -> None:
         """Score Θ as the syncer starts (initial or restored: the curve's first point), then follow merges."""
@@ -111,7 +112,7 @@ class GlobalEvaluator:
             return
         started = time.monotonic()
         loss = self.held_out.loss(snap.params)
-        cost = time.monotonic() - started
+        cost = self.last_cost = time.monotonic() - started
         self._next_allowed = time.monotonic() + cost * (1.0 / self.budget - 1.0)
         self._last_versions = list(snap.versions)
         self.evaluations += 1

@@ -27,7 +27,8 @@ from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_
 
 from ..client import NotFound, ToxiproxyClient, Unreachable
 from .base import Cluster, UnknownTarget
-from .compose_cli import ComposeError, ComposeProject, find_compose_file
+from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
+from .compose_guard import refuse_if_busy
 from .ranks import SIGNAL_RANK_SCRIPT, published_ranks, split_rank, wait_for_rank
 
 PROJECT_ENV = "ISLANDS_COMPOSE_PROJECT"
@@ -134,11 +135,16 @@ class ComposeCluster(Cluster):
         return self._state(self._container(target))
 
     # ----------------------------------------------------------- lifecycle
-    def start(self) -> None:
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+    def preflight(self) -> None:
+        """Refuse without the image, or while another project runs this cluster (compose_guard.py)."""
         if not _image_present(self.docker, self.image):
             raise ComposeError(f"image {self.image} not found: build it with docker/build-image.sh "
                                f"(or name another in ${IMAGE_ENV})")
+        refuse_if_busy(self.docker, self.compose_file, self.project_name, find_compose_command())
+
+    def start(self) -> None:
+        self.preflight()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.compose = ComposeProject(self._compose_files(), self.project_name, self._compose_env())
         self.leftovers = self._clean_leftovers()
         (self.run_dir / "logs").mkdir(exist_ok=True)
@@ -149,8 +155,12 @@ class ComposeCluster(Cluster):
             self._ensure_proxy(f"learner-{i}")
         (self.run_dir / "toxiproxy.json").write_text(json.dumps({
             "url": self.toxiproxy.url, "server": self.toxiproxy_server, "project": self.project_name}))
-        self.compose.run("up", "-d", "--no-build", *(f"learner-{i}" for i in range(1, self.learners + 1)),
-                         timeout=START_TIMEOUT)
+        try:
+            self.compose.run("up", "-d", "--no-build", *(f"learner-{i}" for i in range(1, self.learners + 1)),
+                             timeout=START_TIMEOUT)
+        except ComposeError as exc:  # the learners wait for a healthy syncer: say why it is not
+            raise ComposeError(f"{exc}\nthe end of the syncer container's log:\n{self._log_tail('syncer')}") \
+                from exc
 
     def _compose_files(self) -> list[Path]:
         files = [self.compose_file]
@@ -199,8 +209,10 @@ class ComposeCluster(Cluster):
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
         self.toxiproxy_port = _free_port()
-        syncer_args = ["--mode", self.mode, *self.trainer_args]
-        learner_args = ["--mode", self.mode, "--data", self._container_data()]
+        data = self._container_data()
+        # --eval-data: the syncer samples Θ's held-out loss (global_eval), as the local backend's does.
+        syncer_args = ["--mode", self.mode, "--eval-data", data, *self.trainer_args]
+        learner_args = ["--mode", self.mode, "--data", data]
         for args in (syncer_args, learner_args):
             if any(not a or any(ch.isspace() for ch in a) for a in args):
                 raise ValueError(f"trainer_args: the compose backend passes flags split on spaces; "
@@ -275,6 +287,17 @@ class ComposeCluster(Cluster):
         finally:
             if os.environ.get("ISLANDS_COMPOSE_KEEP") != "1":
                 self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120, check=False)
+
+    def _log_tail(self, service: str, lines: int = 15) -> str:
+        """The last lines a service's container wrote (its own error, e.g. a refused flag)."""
+        c = self._container(service)
+        if c is None:
+            return f"    (no {service} container)"
+        try:
+            text = c.logs(tail=lines).decode("utf-8", "replace").rstrip()
+        except Exception as exc:  # noqa: BLE001 - an error message must not fail on its own details
+            return f"    (its log could not be read: {exc})"
+        return "\n".join(f"    {line}" for line in text.splitlines()) or "    (the log is empty)"
 
     def _save_logs(self) -> None:
         for c in self._containers():

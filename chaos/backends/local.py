@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..client import NotFound, ToxiproxyClient
-from ..processes import ManagedProcess, Registry, proc_parent, proc_state, signal_pid, start_recorded
+from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
@@ -109,7 +109,8 @@ class LocalCluster(Cluster):
         deadline = time.monotonic() + START_TIMEOUT
         while not address_file.exists():
             if not proc.running():
-                raise RuntimeError(f"syncer exited with {proc.popen.returncode} before listening; see {proc.log}")
+                raise RuntimeError(f"syncer exited with {proc.popen.returncode} before listening; the end of "
+                                   f"{proc.log}:\n{log_tail(proc.log)}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"syncer did not listen within {START_TIMEOUT:.0f}s; see {proc.log}")
             time.sleep(0.05)

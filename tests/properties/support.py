@@ -21,11 +21,17 @@ FAST_TRAINER_ARGS = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--bat
 TAIL_SECONDS = 12.0
 _counter = itertools.count()
 _streaming = False  # set for the session by tests/properties/conftest.py from --chaos-streaming
+_reference = "auto"  # ... and from --chaos-reference: judge against a fault-free run (chaos/reference.py)
 
 
 def use_streaming(on: bool) -> None:
     global _streaming
     _streaming = bool(on)
+
+
+def use_reference(mode: str) -> None:
+    global _reference
+    _reference = mode
 
 
 def suite_trainer_args(*extra: str, streaming: bool | None = None) -> list[str]:
@@ -105,7 +111,7 @@ def run_trial(schedule: Schedule, base: Path, learners: int, trainer_args: list[
     learner_args = {i: ["--ranks", str(ranks)] for i in range(1, learners + 1)} if ranks > 1 else None
     result = run_schedule(schedule, run_dir, learners=learners, duration=schedule.horizon + tail,
                           trainer_args=args, evaluate=evaluate, checker_options=checker_options,
-                          learner_args=learner_args)
+                          learner_args=learner_args, reference=_reference)
     return Trial(schedule, result, learners, args, dict(env or {}), ranks)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
+from chaos.pytest_plugin import live_settings
 from faults.strategies import schedules
 
 from .support import run_trial
@@ -17,6 +18,7 @@ from .support import run_trial
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 
 
+@live_settings()
 @given(schedule=schedules(learners=3, kinds=("kill", "pause", "partition", "latency"), max_faults=3,
                           horizon=10.0, min_duration=0.5, max_duration=5.0))
 def test_every_checker_passes_under_random_faults(schedule, tmp_path_factory: pytest.TempPathFactory,

@@ -18,6 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from chaos.pytest_plugin import live_settings
 from chaos.checkers import FAIL, RunView, check_converged, check_finite, check_monotonic_versions, \
     check_no_double_apply, check_no_lost_acks
 from chaos.controller import HISTORY_FILE, Controller, History, read_history
@@ -117,5 +118,5 @@ class ChaosMachine(RuleBasedStateMachine):
 
 
 # Examples come from the active profile (ci or nightly); each one runs a few rules.
-ChaosMachine.TestCase.settings = settings(stateful_step_count=4)
+ChaosMachine.TestCase.settings = settings(live_settings(), stateful_step_count=4)
 TestChaosMachine = ChaosMachine.TestCase

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chaos.pytest_plugin import live_settings
 from faults import Kill, Schedule
 
 from .support import run_trial
@@ -30,6 +31,7 @@ def syncer_crashes(draw) -> Schedule:
     return Schedule(seed=draw(st.integers(0, 2**16)), faults=tuple(faults)).validate(2)
 
 
+@live_settings()
 @given(schedule=syncer_crashes())
 def test_syncer_crashes_lose_nothing(schedule: Schedule, tmp_path_factory: pytest.TempPathFactory,
                                      request: pytest.FixtureRequest) -> None:

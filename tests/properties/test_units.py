@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 
+from chaos.pytest_plugin import live_settings
 from faults.strategies import schedules
 
 from .support import run_trial
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.property, pytest.mark.integration]
 LEARNERS, RANKS = 2, 2
 
 
+@live_settings()
 @given(schedule=schedules(learners=LEARNERS, kinds=("kill", "pause", "partition", "latency"), max_faults=3,
                           horizon=10.0, min_duration=0.5, max_duration=4.0, include_syncer=False,
                           ranks={i: RANKS for i in range(1, LEARNERS + 1)}))

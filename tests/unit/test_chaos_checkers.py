@@ -80,6 +80,13 @@ def final_params(t: float, learner: int, rows: list[tuple[int, int, float | str]
               fragments=[{"fragment": f, "version": v, "drift": d} for f, v, d in rows])
 
 
+def global_eval(t: float, version: int, loss: float | str, tokens: float | None = None, reason: str = "merge",
+                versions: list[int] | None = None) -> dict:
+    """The syncer's `global_eval`: Θ's held-out loss at `version` (the sum of `versions`)."""
+    return ev(t, "global_eval", versions=versions or [version], version=version,
+              tokens=tokens if tokens is not None else 10240.0 * version, loss=loss, seconds=0.05, reason=reason)
+
+
 def evaluation(t: float, final_loss: float | str, unigram_entropy: float = 4.0, loss_floor: float = 2.0) -> dict:
     """The evaluator's `eval` event (trainer eval --run-dir)."""
     return ev(t, "eval", process="evaluator", final_loss=final_loss, loss_floor=loss_floor,
@@ -96,7 +103,9 @@ def training(until: float = 60.0, learners=(1, 2, 3), absent: dict | None = None
     syncer, unless down, merges one fragment (in turn) with every present learner's push.
     `absent` maps a learner to the intervals in which it neither steps nor pushes."""
     absent = absent or {}
-    events: list[dict] = []
+    # The syncer announces its config; here a push every step (H=1), so a round is two ticks.
+    events: list[dict] = [ev(start - 1.0, "process_start", role="syncer",
+                             config={"sync_every": 1, "fragments": fragments}, syncer={"grace": 0.5})]
     seq = {i: 0 for i in learners}
     steps = {i: 0 for i in learners}
     versions = [0] * fragments
@@ -472,8 +481,10 @@ def test_self_heal_passes_when_a_killed_learner_contributes_soon_after_the_stop(
     events = training(80.0, absent={1: [(20.0, 32.0)]})
     verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0)))
     assert verdict.status == PASS
+    # The allowance on this run's clock: a cold start (20 s, none measured), a reconnect (a lease
+    # and a backoff: 3 s), the late-merge wait (3 s) and 3 rounds of 2 s.
     assert verdict.evidence["healings"] == [{"fault": 0, "kind": "kill", "learner": 1, "healed_at": 30.0,
-                                             "contributed_after": 2.0}]
+                                             "within": 32.0, "contributed_after": 2.0}]
 
 
 def test_self_heal_fails_naming_a_learner_that_never_contributes_again():
@@ -482,7 +493,8 @@ def test_self_heal_fails_naming_a_learner_that_never_contributes_again():
     verdict = check_self_heal(view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0)))
     assert verdict.status == FAIL
     assert verdict.evidence["failed"] == [{"fault": 0, "kind": "kill", "learner": 1, "healed_at": 30.0,
-                                           "contributed_after": None}]
+                                           "within": 32.0, "contributed_after": None}]
+    assert "learner-1 after kill: never" in verdict.detail
 
 
 def test_self_heal_fails_when_the_contribution_comes_too_late():
@@ -560,7 +572,8 @@ def test_rejoined_passes_when_every_learner_contributes_after_the_faults():
     verdict = check_every_learner_contributes_at_end(view(events, history_for([kill("learner-1", 20.0, 10.0)])))
     assert verdict.name == "rejoined"
     assert verdict.status == PASS
-    assert verdict.evidence == {"since": 30.0, "learners": [1, 2, 3], "missing": []}  # the kill's stop
+    assert {k: verdict.evidence[k] for k in ("since", "learners", "missing")} == \
+        {"since": 30.0, "learners": [1, 2, 3], "missing": []}  # the kill's stop
 
 
 def test_rejoined_fails_naming_a_learner_gone_long_before_the_end():
@@ -686,6 +699,14 @@ def test_monotonic_versions_passes_when_each_fragment_rises_on_its_own():
     verdict = check_monotonic_versions(view(events))
     assert verdict.status == PASS
     assert verdict.evidence["final_versions"] == {0: 11, 1: 10}
+    assert verdict.detail.startswith("fragments 0-1 reached versions 11, 10, never going back")
+
+
+def test_monotonic_versions_says_in_words_how_far_each_fragment_got():
+    """Information, not a dict dump: `versions only rose: {0: 15}` read as noise."""
+    one = check_monotonic_versions(view(training(14.0, fragments=1)))
+    assert one.detail.startswith("fragment 0 reached version 15, never going back")
+    assert "{" not in one.detail
 
 
 def test_monotonic_versions_fails_when_a_merge_repeats_a_version():
@@ -786,6 +807,8 @@ def test_converged_passes_when_every_learner_holds_a_recent_version():
     assert verdict.status == PASS
     assert len(verdict.evidence["learners"]) == 6
     assert all(r["behind_seconds"] == 0.0 for r in verdict.evidence["learners"])
+    assert "each held the newest version of every fragment at its stop" in verdict.detail
+    assert "superseded for at most 0.0s" not in verdict.detail
 
 
 def test_converged_fails_naming_a_learner_that_drifted():
@@ -973,6 +996,8 @@ def healthy_chaos_run() -> RunView:
     latest = latest_versions(events, 81.0)
     events += [final_params(81.0, i, [(f, v, 0.02) for f, v in sorted(latest.items())]) for i in (1, 2, 3)]
     events.append(evaluation(90.0, 3.2))
+    events += [global_eval(float(t), t, 5.5 if t == 0 else 3.0 + 2.0 / t, reason="start" if t == 0 else "merge")
+               for t in range(0, 81, 4)]
     return view(events, history_for([kill("learner-1", 20.0, 10.0)], duration=80.0))
 
 

@@ -224,3 +224,32 @@ def test_a_final_heal_with_nothing_to_undo_ends_the_run_at_once(cluster: FakeClu
     schedule = Schedule(seed=1, faults=(Kill(at=0.0, duration=0.1, target="learner-1"),)).validate(3)
     Controller(cluster, schedule, History(tmp_path / "h.jsonl"), settle=30).run(duration=0.3)
     assert "settle" not in [e["event"] for e in read_history(tmp_path / "h.jsonl")]
+
+
+class SlowRestart(FakeCluster):
+    """A restart that takes as long as a cold one on a loaded machine (scaled down)."""
+
+    def restart(self, target: str) -> None:
+        time.sleep(0.6)
+        super().restart(target)
+
+
+def test_a_late_last_fault_keeps_its_tail(srv, tmp_path: Path) -> None:
+    """The kill ends at 0.1 s of a 0.4 s run (a planned tail of 0.3 s), but its restart takes
+    0.6 s: the run still lasts 0.3 s after the restart, and the history says by how much it
+    was extended."""
+    cluster = SlowRestart(ToxiproxyClient(srv.url))
+    schedule = Schedule(seed=1, faults=(Kill(at=0.0, duration=0.1, target="learner-1"),)).validate(3)
+    Controller(cluster, schedule, History(tmp_path / "h.jsonl")).run(duration=0.4)
+    entries = read_history(tmp_path / "h.jsonl")
+    stop = next(e for e in entries if e["event"] == "stop")
+    end_heal = next(e for e in entries if e["event"] == "heal" and e["reason"] == "end")
+    assert end_heal["t"] - (stop["t"]) >= 0.3 - 0.01  # the stop is recorded once the restart returned
+    tail = next(e for e in entries if e["event"] == "tail")
+    assert tail["tail"] == pytest.approx(0.3) and tail["extended_by"] > 0.0
+
+
+def test_an_on_time_schedule_is_not_extended(cluster: FakeCluster, tmp_path: Path) -> None:
+    schedule = Schedule(seed=1, faults=(Kill(at=0.0, duration=0.1, target="learner-1"),)).validate(3)
+    Controller(cluster, schedule, History(tmp_path / "h.jsonl")).run(duration=0.4)
+    assert not [e for e in read_history(tmp_path / "h.jsonl") if e["event"] == "tail"]

@@ -39,9 +39,11 @@ CALLS = []
 
 
 def fake_run_schedule(schedule, run_dir, backend="local", learners=3, duration=None, mode="decoupled",
-                      data="markov", trainer_args=None, checker_options=None, learner_args=None, warm_spares=0):
+                      data="markov", trainer_args=None, checker_options=None, learner_args=None, warm_spares=0,
+                      reference="auto"):
     CALLS.append(dict(schedule=schedule, run_dir=run_dir, backend=backend, learners=learners,
-                      duration=duration, mode=mode, data=data, trainer_args=trainer_args, warm_spares=warm_spares))
+                      duration=duration, mode=mode, data=data, trainer_args=trainer_args, warm_spares=warm_spares,
+                      reference=reference))
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
     (run_dir / "run.json").write_text(json.dumps({"backend": backend, "learners": learners}))
@@ -181,10 +183,12 @@ def test_ci_profile_is_loaded_by_default_and_nightly_is_registered(pytester: pyt
                 assert HealthCheck.function_scoped_fixture in p.suppress_health_check
                 assert HealthCheck.too_slow in p.suppress_health_check
             assert settings.default.max_examples == (3 if want == "ci" else 200)
-            # A live failure is reported at once in ci (no minutes of shrinking live runs).
-            assert Phase.shrink not in settings.get_profile("ci").phases
-            assert Phase.generate in settings.get_profile("ci").phases
-            assert Phase.shrink in settings.get_profile("nightly").phases
+            # A live property test reports its first failure at once in ci (no minutes of
+            # shrinking live runs) and shrinks in nightly; other tests always shrink.
+            from chaos.pytest_plugin import live_settings
+            assert Phase.shrink in settings.default.phases
+            live = live_settings().phases
+            assert (Phase.shrink in live) == (want == "nightly") and Phase.generate in live
     """)
     settings.load_profile("default")  # as in a session without the plugin
     try:
@@ -273,11 +277,12 @@ def test_missing_schedule_file_is_named(pytester: pytest.Pytester) -> None:
 def test_chaos_fixture_heals_and_stops_on_failure_and_records_the_shrunk_schedule(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(FAKES)
     pytester.makepyfile(test_session="""
-        from hypothesis import given, settings, strategies as st
+        from hypothesis import Phase, given, settings, strategies as st
         import conftest
         from faults import Pause, Schedule
 
-        @settings(max_examples=40, database=None)
+        # Shrinking on, as in the nightly profile (ci reports the first failure unshrunk).
+        @settings(max_examples=40, database=None, phases=list(Phase))
         @given(seed=st.integers(0, 1000))
         def test_seeds_below_three(chaos, seed):
             schedule = Schedule(seed=seed, faults=(Pause(at=0.0, duration=0.01, target="learner-1"),))
@@ -453,7 +458,7 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     assert out == tmp_path / "run-replay-1"
     assert schedule.seed == 9 and schedule.faults == Schedule.load(run_dir / "schedule.yaml").faults
     assert kwargs == {"backend": "local", "learners": 2, "duration": 12.5, "mode": "sync", "data": "markov",
-                      "trainer_args": ["--grace", "1"], "learner_args": {}, "warm_spares": 0}
+                      "trainer_args": ["--grace", "1"], "learner_args": {}, "warm_spares": 0, "reference": "auto"}
     printed = capsys.readouterr().out
     assert "verdict: PASS" in printed and "PASS    progress" in printed
 
@@ -634,3 +639,23 @@ def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path
     assert out == tmp_path / "demo" and len(schedule.faults) == 3
     assert kwargs["backend"] == "local" and kwargs["learners"] == 3 and kwargs["learner_args"] is None
     assert kwargs["warm_spares"] == 1, "the demo's killed learner comes back from a warm spare"
+
+
+def test_replay_reference_off_reaches_run_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`chaos replay --reference off` judges without a fault-free reference run."""
+    import chaos.runner
+    from chaos.__main__ import main
+    from chaos.checkers import Verdict, verdict_document
+
+    seen = []
+
+    def fake_run_schedule(schedule, run_dir, **kwargs):
+        seen.append(kwargs["reference"])
+        run_dir.mkdir(parents=True)
+        verdicts = [Verdict("progress", "pass", "ok")]
+        return chaos.runner.RunResult(run_dir, verdicts, verdict_document(verdicts), {})
+
+    monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
+    run_dir = write_run_dir(tmp_path / "run")
+    assert main(["replay", str(run_dir), "--reference", "off"]) == 0
+    assert seen == ["off"]

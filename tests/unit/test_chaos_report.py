@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos.report import fault_windows, load_run, main, rolling_mean, write_report
+from chaos.report import fault_windows, global_losses, load_run, main, rolling_mean, write_report
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 T0 = 5000.0  # the fake monotonic clock at the history's `begin`
@@ -159,6 +159,24 @@ def test_full_chaos_run_report(tmp_path: Path) -> None:
 
     embedded = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", text).group(1)
     assert base64.b64decode(embedded) == png.read_bytes()
+
+
+def test_the_global_held_out_loss_is_drawn_beside_the_training_losses(tmp_path: Path) -> None:
+    """Θ's samples (global_eval) are read in order on the schedule's clock, a non-finite one left
+    out; a one-version spike far above the axis still draws (clipped, its value written)."""
+    run_dir = make_chaos_run(tmp_path / "run")
+    w = Writer(run_dir)
+    for i, (t, loss) in enumerate([(-12.0, 5.53), (-5.0, 3.5), (0.0, 17.13), (5.0, 2.1), (10.0, "nan"),
+                                   (20.0, 1.9)]):
+        w.emit("syncer", t, "global_eval", versions=[i], version=i, tokens=1000.0 * i, loss=loss, seconds=0.01,
+               reason="start" if i == 0 else "merge")
+    with open(run_dir / "events" / "syncer.jsonl", "a") as fh:
+        fh.write("\n".join(w.lines["syncer"]) + "\n")
+    run = load_run(run_dir)
+    assert global_losses(run) == [(-12.0, 5.53), (-5.0, 3.5), (0.0, 17.13), (5.0, 2.1), (20.0, 1.9)]
+    png, html = write_report(run_dir)
+    assert_png(png)
+    assert "held-out loss as the syncer sampled it" in html.read_text()
 
 
 def test_fault_windows_pair_starts_with_stops(tmp_path: Path) -> None:

@@ -40,11 +40,23 @@ def test_environment_carries_the_run_settings_and_a_private_secret(tmp_path: Pat
     cluster = ComposeCluster(tmp_path / "run", learners=2, mode="sync", trainer_args=["--sync-every", "10"])
     cluster.run_dir.mkdir(parents=True)
     env = cluster._compose_env()
-    assert env["ISLANDS_SYNCER_ARGS"] == "--mode sync --sync-every 10"
+    assert env["ISLANDS_SYNCER_ARGS"] == "--mode sync --eval-data markov --sync-every 10"
     assert env["ISLANDS_LEARNER_ARGS"] == "--mode sync --data markov"
     assert env["ISLANDS_LEARNERS"] == "2" and env["ISLANDS_RUN_DIR"] == str(cluster.run_dir)
     assert len(env["ISLANDS_SECRET"]) == 64 and (cluster.run_dir / "secret").stat().st_mode & 0o077 == 0
     assert 0 < int(env["TOXIPROXY_PORT"]) < 65536
+
+
+def test_the_syncer_scores_the_same_data_file_the_learners_train_on(tmp_path: Path) -> None:
+    """A text file on the host is copied into the run dir, which the syncer mounts too."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello islands " * 1000)
+    cluster = ComposeCluster(tmp_path / "run", learners=2, data=str(text))
+    cluster.run_dir.mkdir(parents=True)
+    env = cluster._compose_env()
+    assert "--eval-data /islands/run/data/corpus.txt" in env["ISLANDS_SYNCER_ARGS"]
+    assert env["ISLANDS_LEARNER_ARGS"].endswith("--data /islands/run/data/corpus.txt")
+    assert (cluster.run_dir / "data" / "corpus.txt").read_text() == text.read_text()
 
 
 def test_a_flag_value_with_spaces_is_refused_naming_trainer_args(tmp_path: Path) -> None:

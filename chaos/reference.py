@@ -1,0 +1,211 @@
+"""The fault-free reference of a chaos run: Θ's held-out loss against merged tokens.
+
+A chaos run's loss means little on its own: on a loaded machine the same configuration
+merges fewer tokens in the same minute and ends higher without anything being wrong.
+So `final_loss` and `no_divergence` compare it with a run of the same configuration and
+no faults, at the same number of merged tokens: the reference's `global_eval` curve,
+interpolated where the chaos run ended.
+
+References are cached under `islands_home()/references/<key>.json`, the key a hash of
+what decides the curve: learners, mode, data, trainer args, learner args (ranks among
+them) and a digest of the trainer package's source, so a trainer change makes a new one.
+The schedule's seed is not in the key: a schedule without faults draws nothing from it,
+and the trainer's own seed is a trainer arg. Nor is the duration: a cached reference is
+reused when it ran at least as long as asked, since the comparison is at equal tokens.
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .processes import islands_home
+
+REFERENCE_DIR = "references"
+MODES = ("auto", "off")  # auto: use the cached reference, run it when missing
+# Environment that would make the reference something other than fault-free.
+NOT_INHERITED = ("ISLANDS_SYNCER_DEFECT",)
+# Durations are rounded up to this grid, so runs of a suite whose durations differ by a
+# few seconds share one reference.
+DURATION_GRID = 30.0
+
+
+@dataclass(frozen=True)
+class ReferenceCurve:
+    """Θ's held-out loss of a fault-free run, as (merged tokens, loss) points in token order."""
+
+    key: str
+    points: tuple[tuple[float, float], ...]
+    final_loss: float | None = None       # `trainer eval` of its final state
+    duration: float = 0.0
+    settings: dict = field(default_factory=dict)
+    path: str | None = None
+
+    @property
+    def final_tokens(self) -> float:
+        return self.points[-1][0] if self.points else 0.0
+
+    def at(self, tokens: float) -> float:
+        """The reference's loss at `tokens` merged tokens, linearly interpolated; past its
+        last point, its last point (it merged no further)."""
+        if not self.points:
+            raise ValueError("reference: no points")
+        xs = [p[0] for p in self.points]
+        if tokens <= xs[0]:
+            return self.points[0][1]
+        if tokens >= xs[-1]:
+            return self.points[-1][1]
+        i = bisect.bisect_right(xs, tokens)
+        (x0, y0), (x1, y1) = self.points[i - 1], self.points[i]
+        return y0 if x1 == x0 else y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def best_by(self, tokens: float) -> float:
+        """The best loss the reference had reached by `tokens` merged tokens (its running
+        minimum, interpolated). A healthy run's Θ overshoots for a version now and then
+        (the outer Nesterov step, early in training); the envelope does not let such a
+        spike in the reference excuse a high loss of the chaos run."""
+        envelope, best = [], math.inf
+        for t, v in self.points:
+            best = min(best, v)
+            envelope.append((t, best))
+        return ReferenceCurve(self.key, tuple(envelope)).at(tokens)
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ReferenceCurve":
+        points = tuple((float(t), float(v)) for t, v in data["points"])
+        return cls(key=str(data["key"]), points=points, final_loss=data.get("final_loss"),
+                   duration=float(data.get("duration") or 0.0), settings=dict(data.get("settings") or {}),
+                   path=data.get("path"))
+
+    @property
+    def unusable(self) -> list[str]:
+        """The reference run's own failed checks that make it no yardstick: a reference that
+        diverged or went non-finite would excuse the same in a chaos run."""
+        return sorted(set(self.settings.get("failed") or ()) & {"no_divergence", "finite"})
+
+    def describe(self) -> dict:
+        """What run.json and the evidence say about it."""
+        return {"key": self.key, "path": self.path, "duration": self.duration, "points": len(self.points),
+                "final_tokens": self.final_tokens, "final_loss": self.final_loss,
+                "run_dir": self.settings.get("run_dir"), "unusable": self.unusable}
+
+
+def curve_points(events: list[dict]) -> tuple[tuple[float, float], ...]:
+    """(merged tokens, loss) of every finite `global_eval`, in token order; at equal tokens
+    the later sample wins (a restarted syncer scores the same Θ again)."""
+    by_tokens: dict[float, float] = {}
+    for e in sorted((e for e in events if e["kind"] == "global_eval"), key=lambda e: e["t"]):
+        loss = _finite(e.get("loss"))
+        if loss is not None:
+            by_tokens[float(e.get("tokens") or 0.0)] = loss
+    return tuple(sorted(by_tokens.items()))
+
+
+def _finite(value: object) -> float | None:
+    try:
+        out = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def trainer_digest() -> str:
+    """A digest of the trainer package's source: any change to it makes new references."""
+    root = Path(__file__).resolve().parent.parent / "trainer"
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def settings_for(learners: int, mode: str, data: str, trainer_args: list[str],
+                 learner_args: dict[int, list[str]] | None) -> dict:
+    """What decides a fault-free run's curve, as the key is computed from it."""
+    return {"learners": learners, "mode": mode, "data": data, "trainer_args": list(trainer_args),
+            "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
+            "trainer": trainer_digest()}
+
+
+def reference_key(settings: dict) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def reference_dir() -> Path:
+    return islands_home() / REFERENCE_DIR
+
+
+def load_cached(key: str, duration: float) -> ReferenceCurve | None:
+    """The cached reference for `key`, if it ran at least `duration` s and has a curve."""
+    path = reference_dir() / f"{key}.json"
+    try:
+        curve = ReferenceCurve.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if curve.duration + 1e-6 < duration or not curve.points:
+        return None
+    return curve
+
+
+def store(curve: ReferenceCurve) -> ReferenceCurve:
+    """Write `curve` to the cache atomically; returns it with its path."""
+    folder = reference_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{curve.key}.json"
+    stored = ReferenceCurve(curve.key, curve.points, curve.final_loss, curve.duration, curve.settings, str(path))
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({**stored.to_dict(), "created": time.time()}, indent=1))
+    os.replace(tmp, path)
+    return stored
+
+
+def reference_duration(duration: float) -> float:
+    return math.ceil(duration / DURATION_GRID) * DURATION_GRID
+
+
+def obtain(backend: str, learners: int, duration: float, mode: str, data: str, trainer_args: list[str],
+           learner_args: dict[int, list[str]] | None, warm_spares: int = 0) -> ReferenceCurve | None:
+    """The cached reference for this configuration, or a fault-free run of it made now
+    through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
+    `reference_dir()/<key>-run`. It always runs on the local backend: what healthy training
+    reaches at a number of merged tokens does not depend on where the processes live, and
+    it needs no Docker. None when the reference run sampled no global loss."""
+    del backend, warm_spares  # a fault-free run restarts nothing and runs locally (above)
+    settings = settings_for(learners, mode, data, trainer_args, learner_args)
+    key = reference_key(settings)
+    wanted = reference_duration(duration)
+    cached = load_cached(key, wanted)
+    if cached is not None:
+        return cached
+    from faults import Schedule
+    from trainer.events import read_events
+
+    from .runner import run_schedule
+
+    run_dir = reference_dir() / f"{key}-run"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    print(f"chaos: no fault-free reference of this configuration yet; running one for {wanted:.0f} s in {run_dir} "
+          f"(cached for the next runs; --reference off skips it)", flush=True)
+    saved = {k: os.environ.pop(k) for k in NOT_INHERITED if k in os.environ}
+    try:
+        result = run_schedule(Schedule(seed=0, faults=()), run_dir, backend="local", learners=learners,
+                              duration=wanted, mode=mode, data=data, trainer_args=trainer_args,
+                              learner_args=learner_args, reference="off")
+    finally:
+        os.environ.update(saved)
+    points = curve_points(read_events(run_dir))
+    if not points:
+        return None
+    final = result.summary.get("final_loss")
+    return store(ReferenceCurve(key, points, float(final) if isinstance(final, (int, float)) else None, wanted,
+                                {**settings, "run_dir": str(run_dir), "failed": list(result.document["failed"])}))

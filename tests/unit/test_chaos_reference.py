@@ -1,0 +1,162 @@
+"""The fault-free reference (chaos/reference.py) and final_loss against it, without a cluster:
+run_schedule is replaced by a stand-in that writes the events a fault-free run would."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from chaos import reference as ref
+from chaos.checkers import FAIL, PASS, REFERENCE_MARGIN, check_final_loss
+from chaos.reference import ReferenceCurve
+from chaos.runner import with_reference
+
+from .test_chaos_checkers import evaluation, global_eval, view
+
+CURVE = ReferenceCurve("k", ((0.0, 5.5), (10000.0, 3.5), (20000.0, 8.0), (30000.0, 2.5), (100000.0, 2.0)))
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("ISLANDS_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_at_interpolates_and_holds_the_last_point():
+    assert CURVE.at(0.0) == 5.5
+    assert CURVE.at(5000.0) == pytest.approx(4.5)
+    assert CURVE.at(65000.0) == pytest.approx(2.25)
+    assert CURVE.at(1e9) == 2.0  # the reference merged no further: its last point
+    assert CURVE.final_tokens == 100000.0
+
+
+def test_best_by_is_the_running_minimum_so_a_spike_in_the_reference_excuses_nothing():
+    assert CURVE.at(20000.0) == 8.0
+    assert CURVE.best_by(20000.0) == 3.5
+    assert CURVE.best_by(25000.0) == pytest.approx(3.0)
+
+
+def test_the_key_changes_with_what_decides_the_curve_but_not_with_the_order_of_learner_args():
+    base = ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]})
+    assert base["trainer"] == ref.trainer_digest() and len(base["trainer"]) == 16
+    key = ref.reference_key(base)
+    assert key == ref.reference_key(ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"],
+                                                     {1: ["--ranks", "2"]}))
+    for other in (ref.settings_for(3, "decoupled", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]}),
+                  ref.settings_for(2, "sync", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]}),
+                  ref.settings_for(2, "decoupled", "markov", ["--sync-every", "20"], {1: ["--ranks", "2"]}),
+                  ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"], None),
+                  {**base, "trainer": "0" * 16}):
+        assert ref.reference_key(other) != key
+
+
+def test_a_cached_reference_is_used_only_if_it_ran_long_enough(home: Path):
+    stored = ref.store(ReferenceCurve("abc", ((0.0, 5.5), (1000.0, 2.0)), 2.0, 60.0))
+    assert Path(stored.path).parent == home / "references"
+    assert ref.load_cached("abc", 60.0).points == stored.points
+    assert ref.load_cached("abc", 90.0) is None
+    assert ref.load_cached("missing", 1.0) is None
+
+
+def fake_run(calls: list[dict], loss_at_end: float = 1.9):
+    """A run_schedule stand-in that writes a fault-free run's global_eval events and eval."""
+    def run_schedule(schedule, run_dir, **kwargs):
+        calls.append({"faults": len(schedule.faults), "defect": os.environ.get("ISLANDS_SYNCER_DEFECT"), **kwargs})
+        events = Path(run_dir) / "events"
+        events.mkdir(parents=True)
+        rows = [global_eval(0.0, 0, 5.5, tokens=0.0, reason="start"), global_eval(5.0, 5, 2.5),
+                global_eval(10.0, 10, loss_at_end, reason="final")]
+        (events / "syncer.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return SimpleNamespace(summary={"final_loss": loss_at_end}, document={"failed": []}, passed=True)
+    return run_schedule
+
+
+def test_obtain_runs_a_fault_free_run_once_then_uses_the_cache(monkeypatch: pytest.MonkeyPatch):
+    calls: list[dict] = []
+    monkeypatch.setattr("chaos.runner.run_schedule", fake_run(calls))
+    monkeypatch.setenv("ISLANDS_SYNCER_DEFECT", "double_apply")
+    args = ("compose", 2, 22.0, "decoupled", "markov", ["--sync-every", "10"], None)
+    curve = ref.obtain(*args)
+    assert curve is not None and curve.points == ((0.0, 5.5), (51200.0, 2.5), (102400.0, 1.9))
+    assert curve.duration == 30.0  # rounded up to the grid
+    assert calls == [{"faults": 0, "defect": None, "backend": "local", "learners": 2, "duration": 30.0,
+                      "mode": "decoupled", "data": "markov", "trainer_args": ["--sync-every", "10"],
+                      "learner_args": None, "reference": "off"}]
+    assert os.environ["ISLANDS_SYNCER_DEFECT"] == "double_apply"  # given back
+    assert ref.obtain(*args).points == curve.points
+    assert len(calls) == 1  # cached
+    ref.obtain("local", 2, 45.0, "decoupled", "markov", ["--sync-every", "10"], None)
+    assert len(calls) == 2  # longer than the cached one
+
+
+def test_final_loss_against_a_reference_at_equal_tokens():
+    """The chaos run merged 65,000 tokens: the reference's best by then is 2.25."""
+    def run(loss: float):
+        return view([global_eval(9.0, 9, loss, tokens=65000.0, reason="final"),
+                     evaluation(10.0, loss, unigram_entropy=2.64)])
+
+    passing = check_final_loss(run(2.25 + REFERENCE_MARGIN), reference=CURVE)
+    assert passing.status == PASS, passing.detail
+    assert passing.evidence["reference_loss"] == pytest.approx(2.25)
+    assert passing.evidence["tokens"] == 65000.0
+    failing = check_final_loss(run(2.25 + REFERENCE_MARGIN + 0.01), reference=CURVE)
+    assert failing.status == FAIL
+    assert "reference 2.2500 by 65000 merged tokens" in failing.detail
+
+
+def test_the_unigram_entropy_stays_a_sanity_floor_under_a_reference():
+    curve = ReferenceCurve("k", ((0.0, 5.5), (1000.0, 3.0)))
+    v = view([global_eval(9.0, 9, 2.7, tokens=1000.0), evaluation(10.0, 2.7, unigram_entropy=2.64)])
+    verdict = check_final_loss(v, reference=curve)
+    assert verdict.status == FAIL
+    assert "sanity floor" in verdict.detail
+
+
+def test_a_reference_that_diverged_itself_is_refused_for_the_fallback_rule():
+    bad = ReferenceCurve("k", ((0.0, 5.5), (1000.0, 3.0)), settings={"failed": ["no_divergence"]})
+    verdict = check_final_loss(view([evaluation(10.0, 3.5, unigram_entropy=4.0)]), reference=bad)
+    assert verdict.status == PASS
+    assert "no fault-free reference" in verdict.evidence["rule"]
+    assert verdict.evidence["reference_refused"]["unusable"] == ["no_divergence"]
+
+
+def test_explicit_checker_options_win_over_the_reference():
+    options = with_reference({"final_loss": {"reference": 1.0}}, CURVE)
+    assert options == {"final_loss": {"reference": 1.0}, "no_divergence": {"reference": CURVE}}
+    assert with_reference(None, None) == {}
+
+
+def test_the_run_records_which_reference_it_was_judged_against(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    from chaos import runner
+
+    (tmp_path / "run.json").write_text(json.dumps({"learners": 2}))
+    monkeypatch.setattr(runner, "obtain_reference", lambda *a: CURVE)
+    assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is CURVE
+    assert json.loads((tmp_path / "run.json").read_text())["reference"] == CURVE.describe()
+
+    def broken(*a):
+        raise TimeoutError("learner(s) [1] made no inner step within 120s")
+    monkeypatch.setattr(runner, "obtain_reference", broken)
+    assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is None
+    assert "no inner step" in json.loads((tmp_path / "run.json").read_text())["reference"]["error"]
+
+
+@pytest.mark.parametrize("argv, expected", [([], "auto"), (["--reference", "off"], "off")])
+def test_chaos_run_uses_the_reference_unless_told_off(argv: list[str], expected: str, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch):
+    import chaos.runner
+    from chaos.__main__ import main
+
+    seen: list[str] = []
+
+    def fake_run_schedule(schedule, run_dir, **kwargs):
+        seen.append(kwargs["reference"])
+        raise RuntimeError("stand-in: no cluster in unit tests")
+
+    monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
+    quick = Path(__file__).resolve().parents[2] / "examples" / "schedules" / "quick.yaml"
+    assert main(["run", str(quick), "--out", str(tmp_path / "run"), *argv]) == 1
+    assert seen == [expected]
