@@ -482,6 +482,18 @@ def cluster_settings(chaos_options: ChaosOptions) -> ClusterSettings:
     return ClusterSettings(learners=chaos_options.learners)
 
 
+def _record_cluster_start(run_dir: Path, backend: str, learners: int) -> None:
+    """The history's `cluster_start`, as chaos.runner records it: the checks measure this
+    machine's cold start-up from it (chaos/pace.py)."""
+    from .controller import HISTORY_FILE, History
+
+    history = History(run_dir / HISTORY_FILE)
+    try:
+        history.record(event="cluster_start", backend=backend, learners=learners)
+    finally:
+        history.close()
+
+
 @pytest.fixture
 def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: ChaosOptions,
             cluster_settings: ClusterSettings):
@@ -500,6 +512,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
         c.run_dir = run_dir
     started = False
     try:
+        _record_cluster_start(run_dir, chaos_options.backend, s.learners)
         c.start()
         runner.wait_until_training(run_dir, s.learners)
         started = True
@@ -562,8 +575,9 @@ class ChaosSession:
         history = read_history(self.history_path)
         if not all_runs:
             begins = [i for i, h in enumerate(history) if h.get("event") == "begin"]
-            if begins:
-                history = history[begins[-1]:]
+            if begins:  # the last run's history, with the cluster's start (the checks' start-up)
+                starts = [h for h in history[:begins[-1]] if h.get("event") == "cluster_start"]
+                history = starts[-1:] + history[begins[-1]:]
         verdicts = run_checkers(RunView(read_events(self.run_dir), history), checker_options)
         document = verdict_document(verdicts)
         (self.run_dir / "verdict.json").write_text(json.dumps(document, indent=2))

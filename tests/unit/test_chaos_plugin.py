@@ -303,6 +303,7 @@ def test_chaos_fixture_heals_and_stops_on_failure_and_records_the_shrunk_schedul
     assert (dest / "events" / "learner-1.jsonl").is_file()
     history = [json.loads(line) for line in (dest / "history.jsonl").read_text().splitlines()]
     assert sum(h["event"] == "begin" for h in history) > 1, "the history appends across runs"
+    assert history[0]["event"] == "cluster_start", "the checks measure the cold start-up from the cluster's start"
     assert json.loads((dest / "run.json").read_text())["duration"] == 0.02
     out = result.stdout.str()
     assert f"python -m chaos run {dest / 'schedule.yaml'} --backend local --learners 3 --duration 0.02" in out
