@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 # trainer/link.py: HELLO retries use wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2);
 # tenacity caps the wait (jitter included) at max.
@@ -112,17 +112,14 @@ def syncer_settings(events: Iterable[dict]) -> dict:
     return {}
 
 
-def round_intervals(events: list[dict], faulted: list[tuple[float, float]]) -> list[float]:
-    """Intervals between consecutive merges of each fragment (sync mode: between rounds),
-    kept when they overlap no faulted span."""
+def _intervals(events: list[dict], key_of: Callable[[dict], object], faulted: list[tuple[float, float]]) -> list[float]:
+    """Intervals between consecutive events of one key (`key_of` gives None for an event that
+    does not count), kept when they overlap no faulted span."""
     last: dict[object, float] = {}
     out = []
     for e in events:
-        if e["kind"] == "merge":
-            key: object = e.get("fragment")
-        elif e["kind"] == "sync_step":
-            key = "sync"
-        else:
+        key = key_of(e)
+        if key is None:
             continue
         t = float(e["t"])
         prev = last.get(key)
@@ -130,23 +127,30 @@ def round_intervals(events: list[dict], faulted: list[tuple[float, float]]) -> l
         if prev is not None and _clear(prev, t, faulted):
             out.append(t - prev)
     return out
+
+
+def _round_key(e: dict) -> object:
+    if e["kind"] == "merge":
+        return ("merge", e.get("fragment"))
+    return "sync" if e["kind"] == "sync_step" else None
+
+
+def _step_key(e: dict) -> object:
+    if e["kind"] != "inner_step" or e.get("learner") is None:
+        return None
+    return (e["learner"], e.get("incarnation"))
+
+
+def round_intervals(events: list[dict], faulted: list[tuple[float, float]]) -> list[float]:
+    """Intervals between consecutive merges of each fragment (sync mode: between rounds),
+    kept when they overlap no faulted span."""
+    return _intervals(events, _round_key, faulted)
 
 
 def step_intervals(events: list[dict], faulted: list[tuple[float, float]]) -> list[float]:
     """Intervals between consecutive inner steps of one learner incarnation that overlap no
     faulted span."""
-    last: dict[tuple, float] = {}
-    out = []
-    for e in events:
-        if e["kind"] != "inner_step" or e.get("learner") is None:
-            continue
-        key = (e["learner"], e.get("incarnation"))
-        t = float(e["t"])
-        prev = last.get(key)
-        last[key] = t
-        if prev is not None and _clear(prev, t, faulted):
-            out.append(t - prev)
-    return out
+    return _intervals(events, _step_key, faulted)
 
 
 def cold_startups(events: list[dict], history: list[dict]) -> tuple[float, float] | None:

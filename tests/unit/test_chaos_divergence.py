@@ -66,23 +66,15 @@ def test_a_healthy_curve_passes_and_names_its_best():
     assert verdict.evidence["untrained"] == pytest.approx(UNTRAINED)
 
 
-@pytest.mark.parametrize("spike", [6.63, 11.03, 17.13])
-def test_a_sample_worse_than_the_untrained_model_fails(spike: float):
-    """The one-version overshoots of fault-free runs before the momentum warm-up (6.6, 11.0
-    and 17.1 against 5.53 untrained): a model worse than no training at all is a divergence,
-    even for one version, and the evidence names the merges that made it."""
+@pytest.mark.parametrize("spike", [6.63, 6.78, 11.03, 17.13])
+def test_a_one_version_sample_above_the_untrained_loss_is_a_transient(spike: float):
+    """One version worse than the untrained model, recovered at the next merge: before the
+    momentum warm-up fault-free runs overshot like this (6.6, 11.0, 17.1); the default model's
+    first merge, between the initial parameters and the learners', still can (6.78). Shown in
+    the evidence, not failed."""
     verdict = verdict_of(run_of(healthy(spike_at=4, spike=spike)))
-    assert verdict.status == FAIL, verdict.detail
-    finding = verdict.evidence["findings"][0]
-    assert finding["rule"] == "worse_than_untrained"
-    assert finding["sample"]["version"] == 4 and finding["limit"] == pytest.approx(UNTRAINED)
-    assert [m["version"] for m in finding["merges_since_best"]] == [4]
-    assert verdict.evidence["worse_than_untrained"] == [{"version": 4, "loss": round(spike, 3)}]
-
-
-def test_a_sample_at_the_untrained_loss_is_not_worse():
-    verdict = verdict_of(run_of(healthy(spike_at=2, spike=UNTRAINED)))
     assert verdict.status == PASS, verdict.detail
+    assert verdict.evidence["worse_than_untrained"] == [{"version": 4, "loss": round(spike, 3)}]
 
 
 def test_two_versions_in_a_row_worse_than_untrained_fail_naming_the_merges():
@@ -93,16 +85,16 @@ def test_two_versions_in_a_row_worse_than_untrained_fail_naming_the_merges():
     assert verdict.status == FAIL
     finding = verdict.evidence["findings"][0]
     assert finding["rule"] == "worse_than_untrained"
-    assert finding["sample"]["version"] == 6
+    assert finding["sample"]["version"] == 7 and finding["high_since"]["version"] == 6
     assert finding["limit"] == pytest.approx(UNTRAINED)
     assert finding["best"]["version"] == 5
     merges = finding["merges_since_best"]
-    assert [m["version"] for m in merges] == [6]
+    assert [m["version"] for m in merges] == [6, 7]
     assert merges[0]["contributors"] == [{"learner": 1, "staleness": 0, "weight": 0.5},
                                          {"learner": 2, "staleness": 0, "weight": 0.5}]
     assert merges[0]["round_fraction"] == 1.0
     assert finding["training_loss"] == {"learner-1": 2.0, "learner-2": 2.0}
-    assert "version 6" in verdict.detail
+    assert "version 7" in verdict.detail
 
 
 def test_an_overshoot_of_0_8_nats_for_two_versions_passes():
@@ -139,8 +131,8 @@ def test_a_run_that_ends_far_above_its_best_fails_with_the_learners_losses():
     verdict = verdict_of(run_of(curve, train_loss=2.57))
     assert verdict.status == FAIL
     finding = verdict.evidence["findings"][-1]
-    assert finding["rule"] == "worse_than_untrained"  # and ended there
-    assert finding["sample"]["loss"] == 14.26 and finding["sample"] == verdict.evidence["final"]
+    assert finding["rule"] == "ended_high"
+    assert finding["sample"]["loss"] == 14.26
     assert finding["training_loss"] == {"learner-1": 2.57, "learner-2": 2.57}
 
 
@@ -157,9 +149,21 @@ def test_a_non_finite_final_sample_fails():
     assert verdict.evidence["findings"][-1]["sample"]["loss"] == "nan"
 
 
+def test_with_fragments_a_spike_lasts_until_its_fragment_merges_again():
+    """P=4: a spike of fragment 0 stays in Θ while fragments 1-3 merge (versions +1..+3): a
+    transient; still there when fragment 0 merged again (+4): a divergence."""
+    curve = healthy(n=40)
+    for v in range(12, 16):  # 4 samples: versions 12..15, span 3 < P
+        curve[v - 1] = 9.0
+    assert verdict_of(run_of(curve, fragments=4)).status == PASS
+    curve[16 - 1] = 9.0  # span 4 = P
+    verdict = verdict_of(run_of(curve, fragments=4))
+    assert verdict.status == FAIL
+    assert verdict.evidence["findings"][0]["rule"] == "worse_than_untrained"
+
+
 def test_with_fragments_a_rise_is_sustained_once_every_fragment_merged_three_times():
-    """P=4: a rise held while 3·P - 1 versions merge passes (not every fragment merged three
-    times since); held for 3·P versions it fails."""
+    """P=4: a rise held while 3·P - 1 versions merge passes; held for 3·P versions it fails."""
     curve = healthy(n=60)
     high = 1.72 + RISE + 0.5  # above the best + rise, below the untrained loss
     for v in range(30, 41):  # 11 versions: span 10 < 12
