@@ -10,8 +10,10 @@ References are cached under `islands_home()/references/<key>.json`, the key a ha
 what decides the curve: learners, mode, data, trainer args, learner args (ranks among
 them) and a digest of the trainer package's source, so a trainer change makes a new one.
 The schedule's seed is not in the key: a schedule without faults draws nothing from it,
-and the trainer's own seed is a trainer arg. Nor is the duration: a cached reference is
-reused when it ran at least as long as asked, since the comparison is at equal tokens.
+and the trainer's own seed is a trainer arg. Nor is the duration: the comparison is at
+equal tokens, so a cached reference is reused when it ran at least as long as asked, or
+merged at least as many tokens as the chaos run did (a run with faults, or on containers,
+merges fewer in the same time).
 """
 from __future__ import annotations
 
@@ -144,16 +146,19 @@ def reference_dir() -> Path:
     return islands_home() / REFERENCE_DIR
 
 
-def load_cached(key: str, duration: float) -> ReferenceCurve | None:
-    """The cached reference for `key`, if it ran at least `duration` s and has a curve."""
+def load_cached(key: str, duration: float, tokens: float | None = None) -> ReferenceCurve | None:
+    """The cached reference for `key`, if it has a curve and either ran at least `duration` s
+    or merged at least `tokens` tokens (those of the run to compare with it)."""
     path = reference_dir() / f"{key}.json"
     try:
         curve = ReferenceCurve.from_dict(json.loads(path.read_text(encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if curve.duration + 1e-6 < duration or not curve.points:
+    if not curve.points:
         return None
-    return curve
+    long_enough = curve.duration + 1e-6 >= duration
+    far_enough = tokens is not None and tokens > 0 and curve.final_tokens >= tokens
+    return curve if long_enough or far_enough else None
 
 
 def store(curve: ReferenceCurve) -> ReferenceCurve:
@@ -173,8 +178,10 @@ def reference_duration(duration: float) -> float:
 
 
 def obtain(backend: str, learners: int, duration: float, mode: str, data: str, trainer_args: list[str],
-           learner_args: dict[int, list[str]] | None, warm_spares: int = 0) -> ReferenceCurve | None:
-    """The cached reference for this configuration, or a fault-free run of it made now
+           learner_args: dict[int, list[str]] | None, warm_spares: int = 0,
+           tokens: float | None = None) -> ReferenceCurve | None:
+    """The cached reference for this configuration (one that covers `duration` s or the
+    chaos run's `tokens` merged tokens), or a fault-free run of it made now
     through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
     `reference_dir()/<key>-run`. It always runs on the local backend: what healthy training
     reaches at a number of merged tokens does not depend on where the processes live, and
@@ -183,7 +190,7 @@ def obtain(backend: str, learners: int, duration: float, mode: str, data: str, t
     settings = settings_for(learners, mode, data, trainer_args, learner_args)
     key = reference_key(settings)
     wanted = reference_duration(duration)
-    cached = load_cached(key, wanted)
+    cached = load_cached(key, wanted, tokens)
     if cached is not None:
         return cached
     from faults import Schedule

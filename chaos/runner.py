@@ -18,7 +18,7 @@ from trainer.events import read_events
 from trainer.metrics import summarize
 
 from .backends.base import Cluster
-from .checkers import RunView, Verdict, run_checkers, verdict_document
+from .checkers import RunView, Verdict, final_tokens, run_checkers, verdict_document
 from .controller import HISTORY_FILE, Controller, History, read_history
 from .reference import MODES as REFERENCE_MODES
 from .reference import ReferenceCurve
@@ -73,8 +73,33 @@ def default_duration(schedule: Schedule) -> float:
     return schedule.horizon + TAIL_SECONDS
 
 
+def syncer_final_eval(events: list[dict], data: str) -> dict | None:
+    """The `eval` the syncer wrote as it stopped cleanly (trainer/global_eval.py), when it
+    scored the run's final state on `data`: its last incarnation started with `--eval-data
+    data`, wrote the eval, then stopped. None otherwise (killed at the end, no evaluator,
+    other data): then only `trainer eval` of the state dir can say."""
+    syncer = [e for e in events if e.get("process") == "syncer"]
+    starts = [i for i, e in enumerate(syncer) if e["kind"] == "process_start"]
+    if not starts:
+        return None
+    last = syncer[starts[-1]:]
+    if (last[0].get("syncer") or {}).get("eval_data") != data:
+        return None
+    evals = [i for i, e in enumerate(last) if e["kind"] == "eval" and "final_loss" in e]
+    stopped = any(e["kind"] == "process_stop" for e in last[evals[-1]:]) if evals else False
+    if not stopped:
+        return None
+    e = last[evals[-1]]
+    return {k: e.get(k) for k in ("final_loss", "loss_floor", "unigram_entropy", "data")}
+
+
 def final_loss(run_dir: Path, data: str) -> dict:
-    """Held-out loss of the syncer's final parameters, through the trainer's own CLI."""
+    """Held-out loss of the syncer's final parameters: the score the syncer wrote as it
+    stopped, or else `trainer eval` of its state dir (the trainer's own CLI, a process
+    that costs a torch import)."""
+    scored = syncer_final_eval(read_events(run_dir), data)
+    if scored is not None:
+        return scored
     state = run_dir / "state"
     if not state.is_dir():
         return {}
@@ -166,7 +191,9 @@ def fault_free_reference(run_dir: Path, backend: str, learners: int, duration: f
     """The reference for this run's configuration (cached, or run now), recorded in run.json
     (`reference`); None, with the reason recorded, when none could be had."""
     try:
-        curve = obtain_reference(backend, learners, duration, mode, data, trainer_args, learner_args, warm_spares)
+        tokens = final_tokens(RunView(read_events(run_dir), []))
+        curve = obtain_reference(backend, learners, duration, mode, data, trainer_args, learner_args, warm_spares,
+                                 tokens=tokens)
         note = curve.describe() if curve is not None else {"error": "the reference run sampled no global loss"}
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         curve, note = None, {"error": f"{type(exc).__name__}: {exc}"}

@@ -29,6 +29,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--block-size", type=positive_int, default=ModelConfig.block_size)
     g.add_argument("--batch-size", type=positive_int, default=TrainConfig.batch_size)
     g.add_argument("--inner-lr", type=positive_float, default=TrainConfig.inner_lr)
+    g.add_argument("--inner-warmup", type=non_negative_int, default=TrainConfig.inner_warmup, metavar="STEPS",
+                   help="AdamW steps over which the inner LR ramps up linearly (0: none)")
     g.add_argument("--sync-every", "-H", type=positive_int, default=TrainConfig.sync_every,
                    help="H: inner steps between two exchanges of a fragment")
     g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
@@ -96,6 +98,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
             adopt=args.adopt,
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
+            inner_warmup=args.inner_warmup,
             batch_size=args.batch_size,
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
             request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1),
@@ -123,7 +126,7 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
 def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
-    for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "sync_every",
+    for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "sync_every",
                  "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",

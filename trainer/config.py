@@ -33,6 +33,7 @@ class TrainConfig:
     encoding: str = "fp32"
     pull_encoding: str = "fp32"    # how the syncer sends merged fragments (PULL replies)
     inner_lr: float = 3e-3
+    inner_warmup: int = 10         # AdamW steps over which the inner LR ramps up linearly from inner_lr/W
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     batch_size: int = 16
@@ -66,6 +67,8 @@ class TrainConfig:
             )
         if self.batch_size < 1:
             raise ValueError(f"batch-size: must be >= 1, got {self.batch_size}")
+        if isinstance(self.inner_warmup, bool) or not isinstance(self.inner_warmup, int) or self.inner_warmup < 0:
+            raise ValueError(f"inner-warmup: must be an integer >= 0 steps, got {self.inner_warmup!r}")
         if isinstance(self.push_window, bool) or not isinstance(self.push_window, int) or self.push_window < 1:
             raise ValueError(f"push-window: must be an integer >= 1, got {self.push_window!r}")
         if self.max_unsent_pushes < self.fragments + 1:

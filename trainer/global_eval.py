@@ -44,6 +44,9 @@ class HeldOut:
         self.model.eval()
         _, val = corpus.split()
         self.batches = list(evaluation_batches(val, model.block_size, EVAL_BATCH_SIZE))
+        # What `trainer eval` reports beside the loss: the same figures for the same windows.
+        self.facts = {"loss_floor": corpus.entropy_rate, "unigram_entropy": corpus.unigram_entropy,
+                      "data": corpus.name}
         if not self.batches:
             raise ValueError(f"eval-data: {corpus.name} has no held-out window of {model.block_size + 1} bytes")
 
@@ -86,12 +89,17 @@ class GlobalEvaluator:
         self._wake.set()
 
     def stop(self) -> None:
-        """End the thread and score the final parameters once, whatever the budget."""
+        """End the thread and score the final parameters once, whatever the budget. Called
+        after the final merges are durable, so the score is that of the final state: it is
+        written as an `eval` event too, the one `trainer eval` of the state dir would write
+        (same model, seed and windows), and a harness need not start a process to get it."""
         self._running = False
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=STOP_JOIN_SECONDS)
-        self._evaluate("final")
+        loss = self._evaluate("final")
+        if loss is not None:
+            self.events.emit("eval", final_loss=round(loss, 4), **self.held_out.facts)
 
     def _loop(self) -> None:
         while self._running:
@@ -106,10 +114,10 @@ class GlobalEvaluator:
                 self._wake.clear()
                 self._evaluate("merge")
 
-    def _evaluate(self, reason: str) -> None:
+    def _evaluate(self, reason: str) -> float | None:
         snap = self.snapshot()
         if reason == "merge" and snap.versions == self._last_versions:
-            return
+            return None
         started = time.monotonic()
         loss = self.held_out.loss(snap.params)
         cost = self.last_cost = time.monotonic() - started
@@ -118,3 +126,4 @@ class GlobalEvaluator:
         self.evaluations += 1
         self.events.emit("global_eval", versions=snap.versions, version=sum(snap.versions),
                          tokens=round(snap.tokens, 1), loss=loss, seconds=round(cost, 4), reason=reason)
+        return loss

@@ -45,7 +45,7 @@ from .pushes import OutgoingPush, PushQueue
 from .pacing import StepPacer
 from .ranks import Group, RankGroup, SoloGroup, param_digest
 from .unit import FATAL_EXIT
-from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer
+from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
 # A clean stop pushes the residual progress if the syncer answers this soon; one round
@@ -293,6 +293,7 @@ class Learner:
         loss, started = self._inner_step()
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        warm_up_lr(self.opt, self.cfg)
         self.opt.step()
         compute_s = time.perf_counter() - started
         return self.group.mean_loss(loss), compute_s
@@ -497,7 +498,7 @@ class Learner:
                 self.events.emit("apply", fragment=None, version=self.round, resync=True, incarnation=self.incarnation)
                 continue
             applied_at = time.perf_counter()
-            apply_mean_gradient(self.model, self.opt, reply.tensors(), self.cfg.grad_clip)
+            apply_mean_gradient(self.model, self.opt, reply.tensors(), self.cfg)
             compute_s += time.perf_counter() - applied_at  # own work only; the wait is excluded
             self.round += 1
             step += 1

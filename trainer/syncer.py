@@ -176,7 +176,7 @@ class Syncer:
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         self.specs = partition(self.shapes, train.fragments)
         self.defect = defects.active()
-        self._last_flush = 0.0
+        self._last_flush = time.monotonic()  # the ack_before_durable defect's batch starts now
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
         self.sync: SyncRound | None = None

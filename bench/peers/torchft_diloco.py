@@ -75,7 +75,7 @@ from trainer.data import ShardSampler, load_corpus  # noqa: E402
 from trainer.events import EventLog  # noqa: E402
 from trainer.model import build_model, count_parameters  # noqa: E402
 from trainer.pacing import StepPacer  # noqa: E402
-from trainer.sync_state import make_inner_optimizer  # noqa: E402
+from trainer.sync_state import make_inner_optimizer, warm_up_lr  # noqa: E402
 
 STATE_DIR = "torchft"          # under RUN_DIR: incarnation counters, data positions, barrier
 ERROR_EXIT = 1
@@ -395,6 +395,7 @@ def run(args: argparse.Namespace) -> int:
                 if cfg.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 probe.reset()
+                warm_up_lr(inner, cfg)  # Islands' inner schedule too, so the comparison is of the outer loop
                 inner.step()  # DiLoCo's post-hook syncs here every H steps
                 in_sync.clear()
                 ended = time.perf_counter()

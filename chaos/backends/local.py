@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -45,6 +46,7 @@ class LocalCluster(Cluster):
         self._server = None
         self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
         self.syncer_port = 0
+        self._port_reservation: socket.socket | None = None
         self.proxy_ports: dict[str, int] = {}
         self.procs: dict[str, ManagedProcess] = {}
         self.leftovers: list[str] = []
@@ -62,11 +64,29 @@ class LocalCluster(Cluster):
         self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         self._start_spares()
         self._start_toxiproxy()
-        self._start_syncer()
+        # Every process imports torch (3-4 s of CPU): start them together, not the learners
+        # after the syncer listens. The syncer's port is reserved first, so the proxies can
+        # point at it now; a learner that dials before the syncer listens is refused by its
+        # proxy and retries (trainer/link.py), as after a syncer restart.
+        self._reserve_syncer_port()
+        syncer = self._spawn_syncer()
         for i in range(1, self.learners + 1):
             self._create_proxy(f"learner-{i}")
         for i in range(1, self.learners + 1):
             self._start_learner(i)
+        self._wait_syncer_listening(syncer)
+
+    def _reserve_syncer_port(self) -> None:
+        """Hold a port for the syncer: bound (SO_REUSEADDR) but never listening, so the
+        kernel hands it to no other socket, while the syncer (which sets SO_REUSEADDR too)
+        can bind and listen on it, now and after every restart."""
+        if self._port_reservation is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", self.syncer_port))
+        self._port_reservation = sock
+        self.syncer_port = sock.getsockname()[1]
 
     def _start_spares(self) -> None:
         """Warm spares (chaos/spares.py) that restarts take instead of a cold Python: a
@@ -99,13 +119,19 @@ class LocalCluster(Cluster):
         return proc
 
     def _start_syncer(self) -> None:
+        self._wait_syncer_listening(self._spawn_syncer())
+
+    def _spawn_syncer(self) -> ManagedProcess:
         address_file = self.run_dir / "syncer.json"
         address_file.unlink(missing_ok=True)
-        proc = self._spawn("syncer", [
+        return self._spawn("syncer", [
             sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
             "--run-dir", str(self.run_dir), "--address-file", str(address_file), "--host", "127.0.0.1",
             "--port", str(self.syncer_port), "--learners", str(self.learners), "--mode", self.mode,
             "--eval-data", self.data, *self.trainer_args])
+
+    def _wait_syncer_listening(self, proc: ManagedProcess) -> None:
+        address_file = self.run_dir / "syncer.json"
         deadline = time.monotonic() + START_TIMEOUT
         while not address_file.exists():
             if not proc.running():
@@ -144,6 +170,9 @@ class LocalCluster(Cluster):
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._port_reservation is not None:
+            self._port_reservation.close()
+            self._port_reservation = None
         self.registry.path.unlink(missing_ok=True)
 
     # ----------------------------------------------------------- processes

@@ -6,6 +6,10 @@ per connection buried the run's output under dozens of identical lines. An outag
 reported once, labelled with the proxy (the link it carries) and the reason, then counted
 silently (debug level) until a dial succeeds again, when one line says how many
 connections failed and for how long. Nothing is lost: the counts stay on the object.
+
+Before the upstream has ever answered it is not down but not up yet: a cluster starts
+its learners beside the syncer, and a learner that dials first is refused until the
+syncer listens. That wait is said at info level, not as a warning.
 """
 from __future__ import annotations
 
@@ -30,6 +34,8 @@ class UpstreamOutages:
         self.outages = 0  # outages begun over the proxy's life
         self._since: float | None = None  # when the current outage began
         self._upstream = ""
+        self._answered_once = False
+        self._starting = False  # the current outage began before the upstream ever answered
 
     @property
     def down(self) -> bool:
@@ -45,9 +51,13 @@ class UpstreamOutages:
             if first:
                 self._since = self.clock()
                 self._upstream = upstream
+                self._starting = not self._answered_once
                 self.outages += 1
-            count = self.failures
-        if first:
+            count, starting = self.failures, self._starting
+        if first and starting:
+            self.log.info("proxy %s: upstream %s is not up yet (%s): client connections are refused until "
+                          "it answers", self.proxy, upstream, reason)
+        elif first:
             self.log.warning("proxy %s: upstream %s is down (%s): its client connection was closed; further "
                              "failed connections are counted until the upstream answers again",
                              self.proxy, upstream, reason)
@@ -65,9 +75,15 @@ class UpstreamOutages:
 
     def _end(self, how: str) -> None:
         with self._lock:
+            self._answered_once = self._answered_once or how == "answers again"
             if self._since is None:
                 return
             seconds, count, upstream = self.clock() - self._since, self.failures, self._upstream
             self._since, self.failures = None, 0
+            starting, self._starting = self._starting, False
+        if starting and how == "answers again":
+            self.log.info("proxy %s: upstream %s came up after %.1f s: %d client connection(s) were refused "
+                          "meanwhile", self.proxy, upstream, seconds, count)
+            return
         self.log.warning("proxy %s: upstream %s %s after %.1f s down: %d client connection(s) failed to reach it",
                          self.proxy, upstream, how, seconds, count)

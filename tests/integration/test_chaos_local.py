@@ -22,8 +22,15 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(autouse=True)
+# The demo's schedule on the suite's small model: the same faults and checks, and the
+# fault-free reference (chaos/reference.py) of this configuration serves the other
+# 3-learner runs of the suite too.
+FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
+
+
+@pytest.fixture
 def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A home of its own, for the test that counts the registry files left behind."""
     home = tmp_path / "islands-home"
     monkeypatch.setenv("ISLANDS_HOME", str(home))
     return home
@@ -31,7 +38,7 @@ def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_kill_partition_latency_schedule_passes(tmp_path: Path) -> None:
     schedule = Schedule.load(ROOT / "examples" / "schedules" / "kill-partition-latency.yaml")
-    result = run_schedule(schedule, tmp_path / "run", learners=3)
+    result = run_schedule(schedule, tmp_path / "run", learners=3, trainer_args=FAST)
     verdicts = {v.name: v for v in result.verdicts}
     assert result.passed, json.dumps(result.document["checks"], indent=1)
     assert verdicts["self_heal"].status == "pass"

@@ -22,6 +22,11 @@ pytestmark = pytest.mark.integration
 SMALL_MODEL = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8"]
 
 
+# Relative distance one inner step of the default model moves a learner from Θ: about
+# 0.006-0.008 measured (0.10 after 16 steps, 0.038 after 5), with a margin.
+DRIFT_PER_STEP = 0.012
+
+
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
@@ -212,8 +217,21 @@ def test_rebase_adoption_keeps_every_step_and_still_converges(run_dir: Path) -> 
     train = TrainConfig(num_learners=2)
     loss = evaluate(final_parameters(run_dir, train), train, corpus)
     assert loss < corpus.unigram_entropy - 0.3, f"held-out loss {loss:.3f} not clearly below unigram {corpus.unigram_entropy:.3f}"
-    drifts = [row["drift"] for e in events if e["kind"] == "final_params" for row in e["fragments"]]
-    assert len(drifts) == 2 and max(drifts) < 0.05, f"learners drifted from the global parameters: {drifts}"
+    # A learner's distance from Θ at stop is its progress since it last adopted a version
+    # (rebase keeps it): judged per local step since then, not as a fixed distance, which
+    # depends on how many steps a loaded machine let it take before its stop. A rebase that
+    # added progress twice would grow the distance with every round instead.
+    for i in (1, 2):
+        final = [e for e in events if e["kind"] == "final_params" and e["learner"] == i]
+        assert len(final) == 1, f"learner {i}: {len(final)} final_params events"
+        adopted = max((e["t"] for e in events if e["kind"] == "apply" and e["learner"] == i
+                       and e["t"] < final[0]["t"]), default=0.0)
+        since = sum(1 for e in events if e["kind"] == "inner_step" and e["learner"] == i
+                    and adopted < e["t"] <= final[0]["t"])
+        drift = max(row["drift"] for row in final[0]["fragments"])
+        assert drift <= DRIFT_PER_STEP * max(since, 1), \
+            f"learner {i} drifted {drift:.3f} from Θ in {since} step(s) since it last adopted a version " \
+            f"(allowed {DRIFT_PER_STEP} per step)"
 
 
 def test_rebase_with_alpha_is_refused_naming_the_field() -> None:

@@ -21,13 +21,6 @@ FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8"
 TWO_RANKS = {1: ["--ranks", "2"]}
 
 
-@pytest.fixture(autouse=True)
-def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "islands-home"
-    monkeypatch.setenv("ISLANDS_HOME", str(home))
-    return home
-
-
 def _history(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
 

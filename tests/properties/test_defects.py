@@ -1,8 +1,8 @@
 """The harness catches real bugs: a deliberately broken syncer must be found and shrunk.
 
 Each defect is switched on in the syncer through ISLANDS_SYNCER_DEFECT. Hypothesis draws
-schedules until one makes the matching checker fail, then shrinks it; the smallest
-failing schedule must hold at most 2 faults, and its printed replay command, run again,
+schedules until one makes the matching checker fail, then shrinks it until it holds at
+most 2 faults (no further: every shrink step is a live run); its printed replay command, run again,
 must reproduce the failure within REPLAY_ATTEMPTS tries. A defect that needs a fault to
 meet a request in flight is a race: the same 1 s partition reproduced double_apply in 5
 of 6 replays on an idle machine (the learner's request in flight was a push, not a pull
@@ -31,20 +31,25 @@ pytestmark = [pytest.mark.property, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
 RUN_BUDGETS = {"ack_before_durable": 6, "double_apply": 12}  # live runs per search, shrinking included
 REPLAY_ATTEMPTS = 3
+SMALL = 2  # the most faults a shrunk schedule may hold
 
 # defect -> (the check that must fail, trainer args on top of the suite's, schedules)
 CASES = {
     # The syncer-crash suite: a SIGKILL loses what the syncer acknowledged but had not
-    # made durable.
-    "ack_before_durable": ("no_lost_acks", (), syncer_crashes()),
+    # made durable. Its first kill comes 2 s or more into training: shrinking pulls it to
+    # the earliest moment allowed, and at 0.5 s a learner may not have had a push
+    # acknowledged yet (the shrunk kill then failed in the search but not in the replays).
+    "ack_before_durable": ("no_lost_acks", (), syncer_crashes(first_at_least=2.0)),
     # Faults on the syncer -> learner stream: a push gets through, its acknowledgement does
     # not, and the retry is merged again. Retries only reach the syncer if it does not drop
     # them as stale first, hence the generous staleness bound; and a fault only catches a
     # push in flight if pushes are the learner's most frequent request, hence pipelined
     # pushes (one every H steps, not one per merge round trip: a 1 s partition then meets a
-    # push, not a heartbeat or a pull, and its replay reproduces the failure).
+    # push, not a heartbeat or a pull, and its replay reproduces the failure). Partitions
+    # only: a latency toxic with toxicity 0.5 made a 2-fault failure that 3 replays in a
+    # row did not reproduce.
     "double_apply": ("no_double_apply", ("--max-staleness", "1000", "--push-window", "1000"),
-                     schedules(learners=2, kinds=("partition", "latency"), max_faults=3,
+                     schedules(learners=2, kinds=("partition",), max_faults=3,
                                horizon=6.0, min_duration=1.0, max_duration=4.0).map(lambda s: downstream_only(s))),
 }
 
@@ -71,8 +76,10 @@ def search(defect: str, check: str, trainer_args: list[str], strategy, base: Pat
     @given(schedule=strategy)
     def defect_is_invisible(schedule) -> None:
         nonlocal runs
-        if runs >= budget or not schedule.faults:
-            return  # budget spent (or nothing to inject): count it as a pass, which ends shrinking
+        if runs >= budget or not schedule.faults or any(len(t.schedule.faults) <= SMALL for t in failures):
+            # Budget spent, nothing to inject, or already as small as asked: count it as a
+            # pass, which ends shrinking without another live run.
+            return
         runs += 1
         trial = run_trial(schedule, base, learners=2, trainer_args=trainer_args,
                           env={"ISLANDS_SYNCER_DEFECT": defect}, evaluate=False, tail=8.0)
@@ -97,7 +104,7 @@ def test_property_suite_finds_and_shrinks_the_defect(defect: str, tmp_path: Path
     failures, runs = search(defect, check, trainer_args, strategy, tmp_path)
     assert failures, f"{runs} runs against a syncer with {defect!r} never made {check} fail"
     smallest = min(failures, key=lambda t: (len(t.schedule.faults), t.schedule.horizon))
-    assert len(smallest.schedule.faults) <= 2, f"shrinking stopped at:\n{smallest.schedule.dumps()}"
+    assert len(smallest.schedule.faults) <= SMALL, f"shrinking stopped at:\n{smallest.schedule.dumps()}"
 
     artifacts = save_artifacts(request.config, request.node.nodeid, smallest)
     command = smallest.replay_command(artifacts / "schedule.yaml")

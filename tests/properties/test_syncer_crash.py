@@ -18,13 +18,13 @@ pytestmark = [pytest.mark.property, pytest.mark.integration]
 
 
 @st.composite
-def syncer_crashes(draw) -> Schedule:
+def syncer_crashes(draw, first_at_least: float = 0.5) -> Schedule:
     """1-3 SIGKILLs of the syncer at random moments (tenths of a second), each restarted
-    after a random outage, never overlapping."""
+    after a random outage, never overlapping; the first no earlier than `first_at_least` s."""
     count = draw(st.integers(1, 3))  # shrinks toward a single crash
     faults, t = [], 0.0
-    for _ in range(count):
-        t += draw(st.integers(5, 40)) / 10
+    for i in range(count):
+        t += draw(st.integers(round(first_at_least * 10) if i == 0 else 5, 40)) / 10
         outage = draw(st.integers(1, 20)) / 10
         faults.append(Kill(at=round(t, 1), duration=outage, target="syncer"))
         t += outage

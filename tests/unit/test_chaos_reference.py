@@ -53,12 +53,16 @@ def test_the_key_changes_with_what_decides_the_curve_but_not_with_the_order_of_l
         assert ref.reference_key(other) != key
 
 
-def test_a_cached_reference_is_used_only_if_it_ran_long_enough(home: Path):
+def test_a_cached_reference_is_used_only_if_it_ran_long_enough_or_far_enough(home: Path):
     stored = ref.store(ReferenceCurve("abc", ((0.0, 5.5), (1000.0, 2.0)), 2.0, 60.0))
     assert Path(stored.path).parent == home / "references"
     assert ref.load_cached("abc", 60.0).points == stored.points
     assert ref.load_cached("abc", 90.0) is None
     assert ref.load_cached("missing", 1.0) is None
+    # A 90 s chaos run that merged no more tokens than the 60 s reference did is covered by it.
+    assert ref.load_cached("abc", 90.0, tokens=1000.0).points == stored.points
+    assert ref.load_cached("abc", 90.0, tokens=1000.5) is None
+    assert ref.load_cached("abc", 90.0, tokens=0.0) is None  # a run that merged nothing says nothing
 
 
 def fake_run(calls: list[dict], loss_at_end: float = 1.9):
@@ -88,6 +92,8 @@ def test_obtain_runs_a_fault_free_run_once_then_uses_the_cache(monkeypatch: pyte
     assert os.environ["ISLANDS_SYNCER_DEFECT"] == "double_apply"  # given back
     assert ref.obtain(*args).points == curve.points
     assert len(calls) == 1  # cached
+    ref.obtain("local", 2, 45.0, "decoupled", "markov", ["--sync-every", "10"], None, tokens=90000.0)
+    assert len(calls) == 1  # longer than the cached one, but it merged those tokens
     ref.obtain("local", 2, 45.0, "decoupled", "markov", ["--sync-every", "10"], None)
     assert len(calls) == 2  # longer than the cached one
 
@@ -133,11 +139,11 @@ def test_the_run_records_which_reference_it_was_judged_against(tmp_path: Path, m
     from chaos import runner
 
     (tmp_path / "run.json").write_text(json.dumps({"learners": 2}))
-    monkeypatch.setattr(runner, "obtain_reference", lambda *a: CURVE)
+    monkeypatch.setattr(runner, "obtain_reference", lambda *a, **k: CURVE)
     assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is CURVE
     assert json.loads((tmp_path / "run.json").read_text())["reference"] == CURVE.describe()
 
-    def broken(*a):
+    def broken(*a, **k):
         raise TimeoutError("learner(s) [1] made no inner step within 120s")
     monkeypatch.setattr(runner, "obtain_reference", broken)
     assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is None

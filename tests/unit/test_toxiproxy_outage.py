@@ -61,25 +61,47 @@ def _connect_and_wait_for_close(port: int) -> None:
         assert client.recv(1) == b"", "the proxy should close a client whose upstream cannot be reached"
 
 
+def _listen(port: int) -> socket.socket:
+    upstream = socket.socket()
+    upstream.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    upstream.bind(("127.0.0.1", port))
+    upstream.listen(4)
+    return upstream
+
+
+def _dial_through(port: int, proxy: Proxy) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=5):
+        assert wait_until(lambda: not proxy.outages.down), "a successful dial should end the outage"
+
+
 def test_a_real_proxy_reports_a_down_upstream_once(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger=LOGGER)
+    """Not up yet (a cluster's learners start beside the syncer) is said at info level;
+    an outage after the upstream answered once is one warning, and one when it ends."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
     upstream_port = _free_port()  # nothing listens there: connections are refused
     proxy = Proxy("learner-1", "127.0.0.1:0", f"127.0.0.1:{upstream_port}")
     proxy.start()
     try:
         port = int(proxy.listen.rsplit(":", 1)[1])
+        for _ in range(3):
+            _connect_and_wait_for_close(port)
+        assert wait_until(lambda: proxy.outages.failures == 3), \
+            f"3 failed dials should be counted, saw {proxy.outages.failures}"
+        assert warnings(caplog) == [], "an upstream that never answered yet is starting, not down"
+        with _listen(upstream_port):
+            _dial_through(port, proxy)
+        infos = [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno == logging.INFO]
+        assert len(infos) == 2 and "is not up yet" in infos[0] and "came up after" in infos[1] \
+            and "3 client connection(s)" in infos[1], infos
+
         for _ in range(5):
             _connect_and_wait_for_close(port)
         assert wait_until(lambda: proxy.outages.failures == 5), \
             f"5 failed dials should be counted, saw {proxy.outages.failures}"
         assert len(warnings(caplog)) == 1 and "upstream 127.0.0.1" in warnings(caplog)[0]
-        assert "Connection refused" in warnings(caplog)[0]
-        with socket.socket() as upstream:
-            upstream.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            upstream.bind(("127.0.0.1", upstream_port))
-            upstream.listen(4)
-            with socket.create_connection(("127.0.0.1", port), timeout=5):
-                assert wait_until(lambda: not proxy.outages.down), "a successful dial should end the outage"
+        assert "is down" in warnings(caplog)[0] and "Connection refused" in warnings(caplog)[0]
+        with _listen(upstream_port):
+            _dial_through(port, proxy)
     finally:
         proxy.stop()
     said = warnings(caplog)

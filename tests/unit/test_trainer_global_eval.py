@@ -153,3 +153,32 @@ def test_syncer_samples_theta_and_counts_tokens_across_a_restart(tmp_path: Path)
     assert rows, "the syncer wrote no global_eval event"
     assert rows[-1]["reason"] == "final" and rows[-1]["versions"] == [1] and rows[-1]["tokens"] == 500.0
     assert [r["reason"] for r in rows].count("start") == 2, "each syncer start scores Θ once"
+
+
+def test_a_clean_stop_writes_the_eval_of_the_final_state(tmp_path: Path) -> None:
+    """The syncer's `eval` at stop is what `trainer eval` of its state dir says, so the
+    harness takes it instead of starting a process (chaos.runner.syncer_final_eval)."""
+    from chaos.runner import syncer_final_eval
+    from trainer.launch import final_parameters
+
+    rig = Rig(tmp_path)
+    cfg = SyncerConfig(port=0, state_dir=str(rig.state_dir), quorum=1, grace=0.0, eval_data="markov", eval_budget=1.0)
+    train = train_config(1)
+    s = Syncer(cfg, train, SECRET, str(rig.run_dir))
+    rig.syncers.append(s)
+    s.start()
+    c = rig.client(s)
+    c.hello(1, "n")
+    assert c.send(push_frame(1, 1, 1, rig.delta(s, 1), tokens=500)).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "the merge")
+    events = read_events(tmp_path / "run")
+    assert syncer_final_eval(events, "markov") is None, "a running syncer has not scored its final state"
+    s.stop()
+    events = read_events(tmp_path / "run")
+    corpus = load_corpus("markov")
+    scored = syncer_final_eval(events, "markov")
+    assert scored is not None, [e["kind"] for e in events if e.get("process") == "syncer"]
+    durable = evaluate(final_parameters(rig.run_dir, train, state_dir=rig.state_dir), train, corpus)
+    assert scored == {"final_loss": round(durable, 4), "loss_floor": corpus.entropy_rate,
+                      "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}
+    assert syncer_final_eval(events, "text:/elsewhere") is None, "scored on other data: not this run's eval"

@@ -231,7 +231,7 @@ def test_train_config_round_trip_and_unknown_field() -> None:
 @pytest.mark.parametrize("kwargs,match", [
     ({"mode": "async"}, "^mode:"), ({"num_learners": 0}, "^learners:"),
     ({"sync_every": 10, "fragments": 3}, r"fragments \(P\)"), ({"alpha": 1.0}, "^alpha:"),
-    ({"encoding": "int3"}, "^encoding:"), ({"inner_lr": 0.0}, "^inner-lr:"),
+    ({"encoding": "int3"}, "^encoding:"), ({"inner_lr": 0.0}, "^inner-lr:"), ({"inner_warmup": -1}, "^inner-warmup:"),
     ({"heartbeat_interval": 1.0, "heartbeat_timeout": 0.5}, "^heartbeat-timeout:"),
     ({"batch_size": 0}, "^batch-size:"), ({"fragments": 4, "sync_every": 8, "max_unsent_pushes": 4},
                                           "^max-unsent-pushes:"),
