@@ -264,7 +264,9 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
     pause a request timeout), the syncer's late-merge wait and HEAL_ROUNDS measured round
     periods. A later fault that hits the learner (or the syncer) before that time is up
     moves its deadline to that fault's own (a syncer killed again 0.2 s after its restart
-    leaves nothing to contribute to)."""
+    leaves nothing to contribute to), and so does another fault still holding the learner
+    down when this one heals (a learner killed without a restart is not expected back when
+    a syncer pause ends; its own kill is judged when that ends)."""
     contributions = _contributions(view)
     windows = view.windows()
     results, failed, unknown = [], [], []
@@ -283,10 +285,12 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
         learners = view.learners() if "syncer" in units else [int(u.split("-")[1]) for u in units]
         for learner in learners:
             deadline, extended_by = w.stop + base, []
-            for later in windows:
-                if later.start > w.stop and later.start <= deadline and _hits(later, learner):
-                    deadline = max(deadline, later.stop + allowance(later))
-                    extended_by.append(later.index)
+            for other in windows:
+                later = other.start > w.stop and other.start <= deadline
+                ongoing = other is not w and other.start <= w.stop < other.stop
+                if (later or ongoing) and _hits(other, learner):
+                    deadline = max(deadline, other.stop + allowance(other))
+                    extended_by.append(other.index)
             limit = deadline - w.stop
             first = _first_contribution_since(contributions.get(learner, []), w.stop)
             row = {"fault": w.index, "kind": w.kind, "learner": learner, "healed_at": view.rel(w.stop),

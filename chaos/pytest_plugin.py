@@ -75,6 +75,10 @@ MARKERS = {
 
 HEALTH_CHECKS = ("too_slow", "function_scoped_fixture", "data_too_large", "filter_too_much")
 PROFILES = {"ci": 3, "nightly": 200}
+# Examples of a live-cluster property under 'ci': each is a cluster run of 30-60 s, and CI
+# (the main suite and the compose suite) must stay within 30 minutes on two cores; the
+# nightly profile draws 200.
+LIVE_CI_EXAMPLES = 2
 SHRINKING_PROFILES = ("nightly",)
 
 # --chaos-streaming: P fragments, 4-bit pseudo-gradients, and tau steps of overlap.
@@ -211,14 +215,17 @@ def live_settings():
     """Settings for a property test whose every example is a live cluster run (20-40 s).
 
     Shrinking such a failure costs minutes: Hypothesis shrinks for up to 300 s before it
-    reports. Under the 'ci' profile a live test does not shrink: the first failing schedule
-    is the report (its verdicts, artifacts and replay command), after one confirming rerun.
+    reports. Under the 'ci' profile a live test draws LIVE_CI_EXAMPLES schedules and does
+    not shrink: the first failing schedule is the report (its verdicts, artifacts and
+    replay command), after one confirming rerun.
     Under 'nightly' it shrinks, within Hypothesis' own 300 s bound. Call it at import, after
     the profile is loaded: `@live_settings()` above `@given`."""
     from hypothesis import Phase, settings
 
     if settings.get_current_profile_name() in SHRINKING_PROFILES:
         return settings()
+    if settings.get_current_profile_name() == "ci":
+        return settings(phases=[Phase.explicit, Phase.reuse, Phase.generate], max_examples=LIVE_CI_EXAMPLES)
     return settings(phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 

@@ -44,6 +44,7 @@ from .model import build_model
 from .pushes import OutgoingPush, PushQueue
 from .pacing import StepPacer
 from .ranks import Group, RankGroup, SoloGroup, param_digest
+from .signals import set_on_signal
 from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
@@ -557,7 +558,7 @@ def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) 
     for sig in (signal.SIGTERM, signal.SIGINT):
         # Ranks > 0 stop when rank 0 says so, at a step boundary; leaving on their own would
         # break the collective rank 0 is in, and lose the residual push.
-        signal.signal(sig, (lambda *_: learner.stop.set()) if opts.leader else signal.SIG_IGN)
+        signal.signal(sig, set_on_signal(learner.stop) if opts.leader else signal.SIG_IGN)
     try:
         return learner.run()
     except SystemExit as exc:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import select
-import signal
 import socket
 import threading
 import time
@@ -30,6 +29,7 @@ from .events import EventLog
 from .fragments import Fragment, partition
 from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
+from .signals import stop_on_signals
 from .model import build_model
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
                     round_fraction, staleness_factors)
@@ -868,8 +868,7 @@ def serve(cfg: SyncerConfig, train: TrainConfig, secret: bytes, run_dir: str | N
         write_address_file(address_file, host, port)
     print(json.dumps({"syncer": f"{host}:{port}", "mode": train.mode}), flush=True)
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop_on_signals(stop)
     while not stop.wait(0.5):
         pass
     syncer.stop(reason="signal")

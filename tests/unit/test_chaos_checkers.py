@@ -523,6 +523,17 @@ def test_self_heal_counts_a_syncer_fault_for_every_learner():
     assert [r["learner"] for r in verdict.evidence["healings"]] == [1, 2, 3]
 
 
+def test_self_heal_does_not_expect_a_learner_still_down_for_another_fault():
+    """learner-2 killed at 2 s without a restart (down until the final heal at 40 s) is not
+    expected back when a syncer pause ends at 7 s: its own kill is judged from 40 s."""
+    faults = [kill("learner-2", 2.0, 1.0, restart=False), pause("syncer", 3.0, 4.0)]
+    events = training(80.0, syncer_down=[(3.0, 7.5)], absent={2: [(2.0, 44.0)]})
+    verdict = check_self_heal(view(events, history_for(faults, duration=40.0)))
+    assert verdict.status == PASS, verdict.evidence.get("failed")
+    after_pause = [r for r in verdict.evidence["healings"] if r["fault"] == 1 and r["learner"] == 2]
+    assert after_pause and after_pause[0]["extended_by_faults"] == [0]
+
+
 def test_self_heal_checks_every_partitioned_learner_and_rank_targets():
     """A partition of two learners and a pause of one rank are judged per learner (rank -> its learner)."""
     faults = [partition(["learner-1", "learner-2"], 10.0, 5.0), pause("learner-3/rank-0", 30.0, 5.0)]
