@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from faults import Event, Kill, LinkFault, Partition, Pause, Schedule
+from trainer.signals import set_on_signal
 
 from .backends.base import Cluster
 from .client import NotFound
@@ -224,7 +225,7 @@ class Controller:
         if threading.current_thread() is not threading.main_thread():
             return saved
         for sig in (signal.SIGINT, signal.SIGTERM):
-            saved[sig] = signal.signal(sig, lambda *_: self._stop.set())
+            saved[sig] = signal.signal(sig, set_on_signal(self._stop))  # no lock inside the handler
         return saved
 
     @staticmethod

@@ -10,6 +10,8 @@ import sys
 import threading
 from typing import Sequence
 
+from trainer.signals import set_on_signal
+
 from .config import ConfigError
 from .server import ToxiproxyServer
 
@@ -58,7 +60,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m chaos toxipro
     previous = {}
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: stop.set())
+            previous[signum] = signal.signal(signum, set_on_signal(stop))  # no lock inside the handler
     try:
         while not stop.wait(0.5):
             pass
