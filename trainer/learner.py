@@ -372,14 +372,16 @@ class Learner:
                          digest=param_digest(self.params))
 
     def _network_loop(self) -> None:
-        """Send pushes, heartbeat, pull new versions; reconnect on any transport fault."""
-        next_beat = 0.0
+        """Send pushes, heartbeat, pull new versions; reconnect on any transport fault.
+
+        Any frame renews the learner's lease at the syncer, so a heartbeat goes only on a
+        link that has been quiet for a heartbeat interval: a learner that pushes at least
+        that often sends none."""
         while not (self.closing.is_set() and (len(self.queue) == 0 or self.drain_over.is_set())):
             try:
                 if not self.link.connected:
                     welcome = self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
                     self._note_versions(welcome.header.get("versions"))
-                    next_beat = 0.0
                 item = self.queue.peek()
                 if item is not None:
                     self._send_push(item)
@@ -387,13 +389,11 @@ class Learner:
                     # empty: pulling only when idle would starve adoption.
                     self._pull_new_versions()
                     continue
-                now = time.monotonic()
-                if now >= next_beat:
+                if time.monotonic() >= self.link.last_reply + self.cfg.heartbeat_interval:
                     beat = self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
                     self._note_versions(beat.header.get("versions"))
-                    next_beat = now + self.cfg.heartbeat_interval
                 self._pull_new_versions()
-                self.queue.wait(max(0.0, next_beat - time.monotonic()))
+                self.queue.wait(max(0.0, self.link.last_reply + self.cfg.heartbeat_interval - time.monotonic()))
             except Refused as exc:
                 if exc.reason in FATAL_REASONS:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")

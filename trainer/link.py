@@ -75,6 +75,7 @@ class Link:
         self.connections = 0
         self.bytes_up = 0
         self.bytes_down = 0
+        self.last_reply = 0.0  # monotonic time of the last frame the syncer answered
 
     # ----------------------------------------------------------------- basics
     def deadline_for(self, nbytes: int) -> float:
@@ -85,6 +86,7 @@ class Link:
         self.bytes_up += len(data)
         reply = wire.read_frame(sock, self.secret, self.deadline_for(64 * 1024 * 1024))
         self.bytes_down += reply.wire_bytes
+        self.last_reply = time.monotonic()
         if reply.type == wire.ERROR:
             raise Refused(str(reply.header.get("reason")), str(reply.header.get("detail")))
         return reply

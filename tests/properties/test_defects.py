@@ -40,27 +40,30 @@ CASES = {
     # the earliest moment allowed, and at 0.5 s a learner may not have had a push
     # acknowledged yet (the shrunk kill then failed in the search but not in the replays).
     "ack_before_durable": ("no_lost_acks", (), syncer_crashes(first_at_least=2.0)),
-    # Faults on the syncer -> learner stream: a push gets through, its acknowledgement does
-    # not, and the retry is merged again. Retries only reach the syncer if it does not drop
-    # them as stale first, hence the generous staleness bound; and a fault only catches a
-    # push in flight if pushes are the learner's most frequent request, hence pipelined
-    # pushes (one every H steps, not one per merge round trip: a 1 s partition then meets a
-    # push, not a heartbeat or a pull, and its replay reproduces the failure). Partitions
-    # only: a latency toxic with toxicity 0.5 made a 2-fault failure that 3 replays in a
-    # row did not reproduce.
+    # Blackholes of the syncer -> learner stream: a push gets through, its acknowledgement
+    # vanishes, and the retry after the heal is merged again. Retries only reach the syncer
+    # if it does not drop them as stale first, hence the generous staleness bound. A
+    # learner has one request in flight, and a blackhole holds it until the heal; so the
+    # request it catches must be a push: pipelined pushes (one every H steps), and the
+    # learner heartbeats only on a quiet link (before that, the request caught was a
+    # heartbeat often enough that a 3.6 s blackhole of both links failed 1 search and then
+    # 3 replays in a row on a loaded 2-core machine). Faults start DEFECT_START s into
+    # training and last 2 s or more, so pushes are flowing when one starts. Blackholes only:
+    # a refused link loses an ack only if the close lands between the syncer's merge and
+    # its reply, and a latency toxic with toxicity 0.5 made a failure 3 replays missed.
     "double_apply": ("no_double_apply", ("--max-staleness", "1000", "--push-window", "1000"),
                      schedules(learners=2, kinds=("partition",), max_faults=3,
-                               horizon=6.0, min_duration=1.0, max_duration=4.0).map(lambda s: downstream_only(s))),
+                               horizon=6.0, min_duration=2.0, max_duration=4.0).map(lambda s: downstream_later(s))),
 }
+DEFECT_START = 2.0  # s after every learner's first step: pushes are flowing by then
 
 
-def downstream_only(schedule: Schedule) -> Schedule:
-    """The same schedule with every link fault on the downstream stream (syncer -> learner)."""
+def downstream_later(schedule: Schedule) -> Schedule:
+    """The same partitions DEFECT_START s later, each a blackhole of the downstream stream
+    (syncer -> learner): a push sent in one gets through, its acknowledgement vanishes."""
     faults = []
     for f in schedule.faults:
-        if hasattr(f, "direction") and getattr(f, "mode", "blackhole") != "refuse":
-            f = replace(f, direction="downstream")
-        faults.append(f)
+        faults.append(replace(f, at=round(f.at + DEFECT_START, 1), mode="blackhole", direction="downstream"))
     return replace(schedule, faults=tuple(faults))
 
 
