@@ -1,0 +1,105 @@
+"""A learner heartbeats only on a quiet link: any reply renews its lease at the syncer.
+
+Drives Learner._network_loop on a fake clock, with fakes for the link and the push queue,
+so the count of heartbeats does not depend on how fast the machine is.
+"""
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+
+from trainer import learner as learner_module
+
+INTERVAL = 0.2
+HORIZON = 3.0
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class FakeLink:
+    """Counts the heartbeats (the only frames the loop itself requests); always connected."""
+
+    secret = b"k" * 32
+    connected = True
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.last_reply = 0.0
+        self.heartbeats: list[float] = []
+
+    def request(self, frame: bytes) -> SimpleNamespace:
+        self.heartbeats.append(self.clock.now)
+        self.last_reply = self.clock.now
+        return SimpleNamespace(header={})
+
+
+class FakeQueue:
+    """A push falls due every `period` s of fake time (never, if None); wait() moves the clock."""
+
+    def __init__(self, clock: FakeClock, period: float | None, closing: threading.Event) -> None:
+        self.clock, self.period, self.closing = clock, period, closing
+        self.next_due = period if period is not None else float("inf")
+
+    def peek(self) -> object | None:
+        return "push" if self.clock.now >= self.next_due else None
+
+    def __len__(self) -> int:
+        return 1 if self.peek() is not None else 0
+
+    def sent(self) -> None:
+        assert self.period is not None
+        self.next_due += self.period
+
+    def wait(self, timeout: float) -> None:
+        self.clock.now = min(self.clock.now + max(timeout, 1e-3), self.next_due)
+        if self.clock.now >= HORIZON:
+            self.closing.set()
+
+
+def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None) -> tuple[list[float], int]:
+    clock = FakeClock()
+    monkeypatch.setattr(learner_module, "time", clock)
+    closing = threading.Event()
+    link = FakeLink(clock)
+    queue = FakeQueue(clock, push_every, closing)
+    pushes: list[float] = []
+
+    def send_push(item: object) -> None:
+        pushes.append(clock.now)
+        link.last_reply = clock.now
+        queue.sent()
+
+    fake = SimpleNamespace(
+        closing=closing, drain_over=threading.Event(), stop=threading.Event(), link=link, queue=queue,
+        cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push,
+        _pull_new_versions=lambda: None, _note_versions=lambda versions: None)
+    learner_module.Learner._network_loop(fake)  # type: ignore[arg-type]
+    return link.heartbeats, len(pushes)
+
+
+def test_no_heartbeat_while_pushes_come_more_often_than_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    heartbeats, pushes = run_loop(monkeypatch, push_every=0.15)
+    assert pushes >= 15, f"only {pushes} pushes were sent in {HORIZON} s of fake time"
+    assert heartbeats == [], f"heartbeats sent between pushes 0.15 s apart: {heartbeats}"
+
+
+def test_a_quiet_link_heartbeats_every_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    heartbeats, pushes = run_loop(monkeypatch, push_every=None)
+    assert pushes == 0
+    gaps = [round(b - a, 6) for a, b in zip(heartbeats, heartbeats[1:])]
+    assert len(heartbeats) >= HORIZON / INTERVAL - 1, f"{len(heartbeats)} heartbeats in {HORIZON} s"
+    assert all(g >= INTERVAL - 1e-9 for g in gaps), f"heartbeats closer than the interval: {gaps}"
+
+
+def test_pushes_slower_than_the_interval_leave_room_for_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    heartbeats, pushes = run_loop(monkeypatch, push_every=0.5)
+    assert pushes >= 5
+    assert heartbeats, "a link quiet for longer than the interval between pushes sent no heartbeat"
