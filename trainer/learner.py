@@ -531,8 +531,11 @@ class Learner:
         return None
 
     def _sync_heartbeat_loop(self) -> None:
-        """Keeps the lease while the main thread computes; a waiting GRAD holds it otherwise."""
+        """Keeps the lease while the main thread computes; a waiting GRAD holds it otherwise.
+        As in decoupled mode, only a link quiet for a heartbeat interval needs a heartbeat."""
         while not self.stop.wait(self.cfg.heartbeat_interval):
+            if time.monotonic() < self.link.last_reply + self.cfg.heartbeat_interval:
+                continue  # a reply came within the interval: the lease is fresh
             if not self.link.lock.acquire(blocking=False):
                 continue  # a request is in flight on the connection: it speaks for us
             try:

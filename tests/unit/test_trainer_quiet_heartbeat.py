@@ -103,3 +103,37 @@ def test_pushes_slower_than_the_interval_leave_room_for_heartbeats(monkeypatch: 
     heartbeats, pushes = run_loop(monkeypatch, push_every=0.5)
     assert pushes >= 5
     assert heartbeats, "a link quiet for longer than the interval between pushes sent no heartbeat"
+
+
+class FakeStop:
+    """stop.wait(t) for the sync-mode heartbeat thread: moves the fake clock, and a GRAD is
+    answered every `grad_every` s of it (never, if None)."""
+
+    def __init__(self, clock: FakeClock, link: FakeLink, grad_every: float | None) -> None:
+        self.clock, self.link, self.grad_every = clock, link, grad_every
+
+    def wait(self, timeout: float) -> bool:
+        self.clock.now += timeout
+        if self.grad_every is not None:
+            self.link.last_reply = self.clock.now - (self.clock.now % self.grad_every)
+        return self.clock.now >= HORIZON
+
+
+def run_sync_beats(monkeypatch: pytest.MonkeyPatch, grad_every: float | None) -> list[float]:
+    clock = FakeClock()
+    monkeypatch.setattr(learner_module, "time", clock)
+    link = FakeLink(clock)
+    link.lock = threading.Lock()  # type: ignore[attr-defined]
+    fake = SimpleNamespace(link=link, stop=FakeStop(clock, link, grad_every),
+                           cfg=SimpleNamespace(heartbeat_interval=INTERVAL))
+    learner_module.Learner._sync_heartbeat_loop(fake)  # type: ignore[arg-type]
+    return link.heartbeats
+
+
+def test_sync_mode_sends_no_heartbeat_while_rounds_answer_within_the_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_sync_beats(monkeypatch, grad_every=0.05) == []
+
+
+def test_sync_mode_heartbeats_while_a_long_step_keeps_the_link_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    beats = run_sync_beats(monkeypatch, grad_every=None)
+    assert len(beats) >= HORIZON / INTERVAL - 2, f"{len(beats)} heartbeats in {HORIZON} s of a quiet link"
