@@ -49,6 +49,12 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
+
+
+def heartbeat_due(link: Link, interval: float) -> float:
+    """When the link next needs a heartbeat: any reply renews the lease at the syncer, so
+    one falls due only after `interval` s without a reply."""
+    return link.last_reply + interval
 # A clean stop pushes the residual progress if the syncer answers this soon; one round
 # trip takes ~50 ms, and a container's stop must stay under 2 s.
 DRAIN_TIMEOUT = 1.5
@@ -389,11 +395,11 @@ class Learner:
                     # empty: pulling only when idle would starve adoption.
                     self._pull_new_versions()
                     continue
-                if time.monotonic() >= self.link.last_reply + self.cfg.heartbeat_interval:
+                if time.monotonic() >= heartbeat_due(self.link, self.cfg.heartbeat_interval):
                     beat = self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
-                self.queue.wait(max(0.0, self.link.last_reply + self.cfg.heartbeat_interval - time.monotonic()))
+                self.queue.wait(max(0.0, heartbeat_due(self.link, self.cfg.heartbeat_interval) - time.monotonic()))
             except Refused as exc:
                 if exc.reason in FATAL_REASONS:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
@@ -534,7 +540,7 @@ class Learner:
         """Keeps the lease while the main thread computes; a waiting GRAD holds it otherwise.
         As in decoupled mode, only a link quiet for a heartbeat interval needs a heartbeat."""
         while not self.stop.wait(self.cfg.heartbeat_interval):
-            if time.monotonic() < self.link.last_reply + self.cfg.heartbeat_interval:
+            if time.monotonic() < heartbeat_due(self.link, self.cfg.heartbeat_interval):
                 continue  # a reply came within the interval: the lease is fresh
             if not self.link.lock.acquire(blocking=False):
                 continue  # a request is in flight on the connection: it speaks for us

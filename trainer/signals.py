@@ -13,11 +13,16 @@ import threading
 from collections.abc import Callable
 
 
+def on_signal(action: Callable[[], object]) -> Callable[..., None]:
+    """A signal handler that runs `action` on a thread of its own."""
+    def handler(*_: object) -> None:
+        threading.Thread(target=action, name="stop-on-signal", daemon=True).start()
+    return handler
+
+
 def set_on_signal(event: threading.Event) -> Callable[..., None]:
     """A signal handler that sets `event` from a thread of its own."""
-    def handler(*_: object) -> None:
-        threading.Thread(target=event.set, name="stop-on-signal", daemon=True).start()
-    return handler
+    return on_signal(event.set)
 
 
 def stop_on_signals(event: threading.Event, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:

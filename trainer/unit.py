@@ -25,6 +25,7 @@ from typing import Callable
 
 from .atomic import atomic_write_json
 from .events import EventLog
+from .signals import on_signal
 
 MAX_GENERATIONS = 200        # restarts are bounded: a unit that cannot stay up gives up
 RESTART_BACKOFF = (0.2, 5.0)  # seconds, doubled per consecutive failure, with jitter
@@ -151,7 +152,8 @@ class UnitSupervisor:
 def run_unit(opts: UnitOptions, rank_argv: Callable[[int, str], list[str]]) -> int:
     supervisor = UnitSupervisor(opts, rank_argv)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, supervisor.request_stop)
+        # From a thread: request_stop sets the Event the restart backoff waits on.
+        signal.signal(sig, on_signal(supervisor.request_stop))
     try:
         return supervisor.run()
     finally:
