@@ -9,8 +9,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from .cli_args import (add_common_args, add_syncer_args, add_train_args, forward_flags, non_negative_int,
-                       positive_float, positive_int, syncer_config, train_config)
+from .cli_args import (add_common_args, add_device_arg, add_syncer_args, add_train_args, forward_flags,
+                       non_negative_int, positive_float, positive_int, syncer_config, train_config)
 from .argtypes import non_negative_float
 from .link import Address
 
@@ -24,13 +24,21 @@ def _secret(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
         raise
 
 
-def _corpus(spec: str, parser: argparse.ArgumentParser):
-    from .data import load_corpus
+def _preflight(train, data: str, parser: argparse.ArgumentParser) -> dict:
+    """Load the task and call each of its methods once: a broken task is refused here, with
+    its clear error, before any process starts. Returns what the task says of its data."""
+    from .task import TaskError, load_task, preflight
     try:
-        return load_corpus(spec)
-    except (ValueError, FileNotFoundError) as exc:
+        task = load_task(train.task, train.task_options(data))
+        preflight(task, train.seed, train.num_learners)
+        return task.describe()
+    except TaskError as exc:
+        if exc.details:
+            print(exc.details, file=sys.stderr, end="")
         parser.error(str(exc))
-        raise
+    except (ValueError, FileNotFoundError) as exc:  # the built-in task's --data
+        parser.error(str(exc))
+    raise AssertionError("unreachable: parser.error exits")
 
 
 def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -38,8 +46,12 @@ def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     train = train_config(args, parser, args.learners)
     cfg = syncer_config(args, parser, args.state_dir, args.host, args.port, args.eval_data or "")
     secret = _secret(args, parser)
+    from .task import TaskError
     try:
         return serve(cfg, train, secret, args.run_dir, args.address_file)
+    except TaskError as exc:
+        print(f"syncer: error: {exc}\n{exc.details}", file=sys.stderr)
+        return 2
     except ValueError as exc:  # e.g. a state dir of another run
         print(f"syncer: error: {exc}", file=sys.stderr)
         return 2
@@ -59,7 +71,6 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
     if args.rank is not None and (args.rank >= args.ranks or args.rendezvous is None):
         parser.error(f"--rank: must be below --ranks {args.ranks}, with --rendezvous")
     secret = _secret(args, parser)
-    corpus = _corpus(args.data, parser)
     if args.ranks > 1 and args.rank is None:
         from .unit import UnitOptions, run_unit
         return run_unit(UnitOptions(args.learner, args.ranks, args.run_dir), lambda r, store: rank_argv(args, r, store))
@@ -68,14 +79,16 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
                           threads=args.threads, speed=args.speed, slowdown=args.slowdown,
                           step_time=args.step_time, connect_timeout=args.connect_timeout,
                           rank=args.rank or 0, ranks=args.ranks, store_file=args.rendezvous,
-                          collective_timeout=args.collective_timeout)
-    return run_learner(opts, corpus, secret, args.mode)
+                          collective_timeout=args.collective_timeout, task=args.task, data=args.data,
+                          device=args.device)
+    return run_learner(opts, secret, args.mode)
 
 
 def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
     """The command line of one rank of a unit: the unit's own flags plus --rank and --rendezvous."""
     argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(args.learner), "--connect", args.connect,
-            "--data", args.data, "--mode", args.mode, "--threads", str(args.threads), "--speed", str(args.speed),
+            "--data", args.data, "--task", args.task, "--device", args.device,
+            "--mode", args.mode, "--threads", str(args.threads), "--speed", str(args.speed),
             "--slowdown", args.slowdown, "--step-time", str(args.step_time),
             "--connect-timeout", str(args.connect_timeout), "--collective-timeout", str(args.collective_timeout),
             "--ranks", str(args.ranks), "--rank", str(rank), "--rendezvous", store]
@@ -89,8 +102,8 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm
 
-    from .launch import (BAR_FORMAT, ClusterSpec, LocalCluster, ProgressTail, evaluate, final_parameters,
-                         learner_logs_tail)
+    from .launch import BAR_FORMAT, ClusterSpec, LocalCluster, ProgressTail, final_parameters, learner_logs_tail, score
+    from .runspec import RunSpec
     from .metrics import summarize
     from .events import read_events
 
@@ -98,15 +111,18 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     syncer_config(args, parser, "unused")  # validate syncer flags before starting anything
     if args.ranks > 1 and args.mode == "sync":
         parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
-    corpus = _corpus(args.data, parser)  # also warms the synthetic-data cache for the learners
+    facts = _preflight(train, args.data, parser)  # also warms the synthetic-data cache for the learners
     out = Path(args.out or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
-    spec = ClusterSpec(run_dir=out, learners=args.learners, mode=args.mode, data=args.data,
-                       syncer_flags=forward_flags(args),
-                       learner_flags=["--threads", str(args.threads), "--ranks", str(args.ranks)])
-    cluster = LocalCluster(spec)
-    print(f"islands: {args.learners} learners, {args.mode} mode, data {corpus.name}, run dir {out}", flush=True)
+    run = RunSpec(backend="local", learners=args.learners, ranks=args.ranks, mode=args.mode, task=train.task,
+                  device=args.device, data=args.data, trainer_args=forward_flags(args)[2:],
+                  duration=args.duration).with_learner_flags(["--threads", str(args.threads)])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.json").write_text(json.dumps(run.to_json(), indent=2))
+    cluster = LocalCluster(ClusterSpec(out, run))
+    print(f"islands: {args.learners} learners, {args.mode} mode, task {train.task}, data {facts.get('data')}, "
+          f"run dir {out}", flush=True)
     tail = ProgressTail(out, args.mode)
     started = elapsed = 0.0
     try:
@@ -130,11 +146,11 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         cluster.stop()
     events = read_events(out)
     summary = summarize(events, args.learners)
-    summary.update({"mode": args.mode, "learners": args.learners, "data": corpus.name,
-                    "loss_floor": corpus.entropy_rate, "unigram_entropy": corpus.unigram_entropy})
+    summary.update({"mode": args.mode, "learners": args.learners, "task": train.task, **facts})
     summary.update(run_timing(events, started, elapsed))
+    summary.update(task_failures(events))
     try:
-        summary["final_loss"] = round(evaluate(final_parameters(out, train), train, corpus), 4)
+        summary.update(score(final_parameters(out, train), train, args.data))
     except FileNotFoundError as exc:
         summary["final_loss"] = None
         summary["error"] = str(exc)
@@ -149,8 +165,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Held-out loss of the global parameters in a syncer state directory, as JSON."""
     from .config import TrainConfig
-    from .launch import evaluate, final_parameters
+    from .launch import final_parameters, score
     from .model import ModelConfig
+    from .task import TaskError
     from .state import StateDir, read_json
 
     state = Path(args.state_dir)
@@ -158,13 +175,17 @@ def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if meta is None:
         parser.error(f"--state-dir: {state} holds no syncer state (no meta.json)")
     fp = meta["fingerprint"]
-    train = TrainConfig(model=ModelConfig.from_dict(fp["model"]), mode=fp["mode"], seed=fp["seed"],
-                        fragments=fp["fragments"], sync_every=max(fp["fragments"], TrainConfig.sync_every),
+    train = TrainConfig(model=ModelConfig.from_dict(fp["model"]), task=fp.get("task", "gpt"), mode=fp["mode"],
+                        seed=fp["seed"], fragments=fp["fragments"],
+                        sync_every=max(fp["fragments"], TrainConfig.sync_every),
                         max_unsent_pushes=max(8, fp["fragments"] + 1))
-    corpus = _corpus(args.data, parser)
-    loss = evaluate(final_parameters(state, train, state_dir=state), train, corpus)
-    result = {"final_loss": round(loss, 4), "loss_floor": corpus.entropy_rate,
-              "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}
+    try:
+        result = score(final_parameters(state, train, state_dir=state), train, args.data)
+    except TaskError as exc:
+        print(f"eval: error: {exc}\n{exc.details}", file=sys.stderr)
+        return 2
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(str(exc))
     if args.run_dir:
         from .events import EventLog
         log = EventLog(args.run_dir, "evaluator")
@@ -172,6 +193,13 @@ def cmd_eval(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         log.close()
     print(json.dumps(result))
     return 0
+
+
+def task_failures(events: list[dict]) -> dict:
+    """What the task's failures were, for the summary: every learner's task_error, in order."""
+    errors = [{"learner": e.get("learner"), "method": e.get("method"), "error": e.get("error")}
+              for e in events if e["kind"] == "task_error"]
+    return {"task_errors": errors} if errors else {}
 
 
 def run_timing(events: list[dict], started: float, elapsed: float) -> dict:
@@ -189,15 +217,17 @@ def print_summary(s: dict, out: Path) -> None:
     startup = f"; the first {s['startup_seconds']} s went to starting the learners" if "startup_seconds" in s else ""
     rows = [
         ("training time", f"{s.get('wall_seconds')} s of the run, first to last inner step{startup}"),
-        ("final loss (held-out, nats/byte)", s.get("final_loss")),
-        ("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
-        ("unigram entropy", round(s["unigram_entropy"], 4)),
+        ("final loss (held-out" + (", nats/byte)" if s.get("task") == "gpt" else ")"), s.get("final_loss")),
+        *((f"held-out {k}", v) for k, v in (s.get("metrics") or {}).items()),
+        *((("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
+           ("unigram entropy", round(s["unigram_entropy"], 4))) if "unigram_entropy" in s else ()),
         ("recent training loss", s.get("train_loss_recent")),
         ("goodput", f"{s['goodput']:.1%}" if s.get("goodput") is not None else None),
         ("tokens processed / merged", f"{s.get('tokens_processed')} / {int(s.get('tokens_merged', 0))}"),
         ("merges / sync rounds", f"{s.get('merges')} / {s.get('sync_rounds')}"),
         ("bytes on the wire", f"{s.get('bytes_on_wire', 0) / 1e6:.1f} MB ({s.get('bytes_per_token')} B/token)"),
         ("learner incarnations", s.get("learner_incarnations")),
+        *((f"task error (learner-{e['learner']})", e["error"]) for e in s.get("task_errors", [])[:3]),
     ]
     width = max(len(k) for k, _ in rows)
     length = f"{s['run_seconds']:g} s run" if s.get("run_seconds") is not None else f"{s.get('wall_seconds')} s"
@@ -231,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner", type=positive_int, required=True, help="this learner's id, 1..N")
     p.add_argument("--connect", required=True, help="HOST:PORT of the syncer (or of this learner's proxy)")
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
+    p.add_argument("--task", default="gpt", help="the task the syncer trains (it refuses another); loaded before "
+                                                 "joining: FILE.py:NAME, MODULE:NAME or gpt (default)")
+    add_device_arg(p)
     p.add_argument("--run-dir", help="write events to RUN_DIR/events/learner-N.jsonl")
     p.add_argument("--max-steps", type=positive_int, default=None)
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
@@ -268,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of training")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads per learner")
     p.add_argument("--ranks", type=positive_int, default=1, help="ranks per learner unit (DDP over gloo)")
+    add_device_arg(p)
     p.add_argument("--restart-delay", type=float, default=1.0, help="seconds before restarting a dead learner")
     p.add_argument("--no-supervise", dest="supervise", action="store_false",
                    help="do not restart processes that die")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def positive_int(text: str) -> int:
@@ -52,3 +53,20 @@ def rounds_or_auto(text: str) -> float | str:
         return non_negative_float(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a number of rounds >= 0 or 'auto', got {text!r}") from None
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda|cuda:\d+)$")
+
+
+def check_device(spec: str) -> str:
+    """`auto|cpu|cuda|cuda:N` (trainer/device.py resolves it), or a ValueError naming --device."""
+    if not isinstance(spec, str) or not _DEVICE.match(spec):
+        raise ValueError(f"--device: must be auto, cpu, cuda or cuda:N, got {spec!r}")
+    return spec
+
+
+def device_arg(value: str) -> str:
+    try:
+        return check_device(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--device: ")) from None

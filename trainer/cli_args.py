@@ -11,7 +11,9 @@ from .codec import ENCODINGS
 from .config import ADOPT_MODES, GRACE_POLICIES, MODES, MOMENTUM_UNITS, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
-from .argtypes import non_negative_int, positive_float, positive_int, rounds_or_auto  # noqa: F401 (re-exported)
+from .device import PRECISIONS
+from .task import TaskError, resolve_spec
+from .argtypes import device_arg, non_negative_int, positive_float, positive_int, rounds_or_auto  # noqa: F401 (re-exported)
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -22,6 +24,13 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training (decided by the syncer, sent to learners)")
+    g.add_argument("--task", default=TrainConfig.task, metavar="TASK",
+                   help="what to train: FILE.py:NAME or MODULE:NAME, an object (or a zero-argument callable "
+                        "returning one) with model(), batches(shard, shards, seed), loss(model, batch), "
+                        "tokens(batch) and eval_batches() (README, 'Your own model'); default: gpt, the "
+                        "built-in byte-level GPT on --data, shaped by the model flags below")
+    g.add_argument("--precision", choices=PRECISIONS, default=TrainConfig.precision,
+                   help="inner steps in fp32, or under bf16 autocast (default fp32)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--n-layer", type=positive_int, default=ModelConfig.n_layer)
     g.add_argument("--n-head", type=positive_int, default=ModelConfig.n_head)
@@ -94,7 +103,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
         model = ModelConfig(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head,
                             n_embd=args.n_embd)
         return TrainConfig(
-            model=model, mode=args.mode, seed=args.seed, num_learners=num_learners,
+            model=model, task=resolve_spec(args.task), precision=args.precision, mode=args.mode, seed=args.seed, num_learners=num_learners,
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
             adopt=args.adopt,
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
@@ -103,7 +112,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
             request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1),
             push_window=args.push_window)
-    except ValueError as exc:
+    except (ValueError, TaskError) as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
 
@@ -123,10 +132,16 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
         raise
 
 
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help="where learners train: auto (CUDA when present), cpu, cuda or cuda:N; rank r of a unit "
+                        "takes the r-th GPU from there (default auto; the syncer always stays on CPU)")
+
+
 def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
-    for flag in ("seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "sync_every",
+    for flag in ("precision", "seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "sync_every",
                  "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",

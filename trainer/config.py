@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 
 from .codec import check_encoding
+from .device import PRECISIONS
 from .fragments import validate_schedule
 from .model import ModelConfig
 from .outer import STALENESS_POLICIES, OuterConfig
@@ -21,7 +22,9 @@ MOMENTUM_UNITS = ("round", "merge")
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # the built-in gpt task's shape
+    task: str = "gpt"              # --task: a built-in name, FILE.py:NAME or MODULE:NAME (trainer/task.py)
+    precision: str = "fp32"        # inner steps: fp32, or bf16 autocast (trainer/device.py)
     mode: str = "decoupled"
     seed: int = 0
     num_learners: int = 3          # number of data shards
@@ -46,6 +49,10 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode: must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not isinstance(self.task, str) or not self.task:
+            raise ValueError(f"task: must name a task, got {self.task!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision: must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.num_learners < 1:
             raise ValueError(f"learners: must be >= 1, got {self.num_learners}")
         validate_schedule(self.sync_every, self.fragments, self.overlap)
@@ -77,7 +84,13 @@ class TrainConfig:
 
     @property
     def tokens_per_step(self) -> int:
+        """Of the built-in gpt task, per rank (benches size their runs with it); the trainer
+        counts what `task.tokens` says of every batch."""
         return self.batch_size * self.model.block_size
+
+    def task_options(self, data: str = "markov") -> dict:
+        """What a built-in task takes from the run's flags (a user's task takes nothing)."""
+        return {"model": self.model, "batch_size": self.batch_size, "data": data}
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,12 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .data import Corpus, evaluation_batches
 from .events import EventLog
-from .model import ModelConfig, build_model
+from .task import CheckedTask
 
 DEFAULT_BUDGET = 0.1   # of one core
-EVAL_BATCH_SIZE = 16   # windows per held-out batch, whatever the run trains with: one fixed set per corpus
 STOP_JOIN_SECONDS = 10.0
 
 
@@ -36,26 +34,34 @@ class Snapshot:
 
 
 class HeldOut:
-    """A model and a fixed set of held-out batches: the same windows every time, so two
-    evaluations differ only by the parameters."""
+    """The task's model and its fixed held-out batches (`task.eval_batches`): the same
+    batches every time, so two evaluations differ only by the parameters."""
 
-    def __init__(self, model: ModelConfig, seed: int, corpus: Corpus) -> None:
-        self.model = build_model(model, seed)
+    def __init__(self, task: CheckedTask, seed: int) -> None:
+        self.task = task
+        self.model = task.model(seed)
         self.model.eval()
-        _, val = corpus.split()
-        self.batches = list(evaluation_batches(val, model.block_size, EVAL_BATCH_SIZE))
-        # What `trainer eval` reports beside the loss: the same figures for the same windows.
-        self.facts = {"loss_floor": corpus.entropy_rate, "unigram_entropy": corpus.unigram_entropy,
-                      "data": corpus.name}
-        if not self.batches:
-            raise ValueError(f"eval-data: {corpus.name} has no held-out window of {model.block_size + 1} bytes")
+        self.batches = task.eval_batches()
+        self.weights = {id(b): task.tokens(b) for b in self.batches}
+        # What `trainer eval` reports beside the loss: the same figures for the same batches.
+        self.facts = task.describe()
+        self.last_metrics: dict[str, float] = {}
 
     def loss(self, params: dict[str, torch.Tensor]) -> float:
-        """Mean cross-entropy (nats per byte) of `params` over the held-out batches."""
-        self.model.load_state_dict(params)
+        """`task.loss` over the held-out batches, each weighed by its tokens (for the built-in
+        task, nats per byte); the task's `metrics`, weighed alike, go to `last_metrics`."""
+        self.model.load_state_dict(params, strict=False)
+        sums: dict[str, float] = {}
+        loss = weight = 0.0
         with torch.no_grad():
-            losses = [float(self.model(x, y)[1]) for x, y in self.batches]
-        return sum(losses) / len(losses)
+            for b in self.batches:
+                w = self.weights[id(b)]
+                weight += w
+                loss += float(self.task.loss(self.model, b)) * w
+                for k, v in self.task.metrics(self.model, b).items():
+                    sums[k] = sums.get(k, 0.0) + v * w
+        self.last_metrics = {k: round(v / weight, 6) for k, v in sums.items()}
+        return loss / weight
 
 
 class GlobalEvaluator:
@@ -99,7 +105,8 @@ class GlobalEvaluator:
             self._thread.join(timeout=STOP_JOIN_SECONDS)
         loss = self._evaluate("final")
         if loss is not None:
-            self.events.emit("eval", final_loss=round(loss, 4), **self.held_out.facts)
+            self.events.emit("eval", final_loss=round(loss, 4), **self.held_out.facts,
+                             **({"metrics": self.held_out.last_metrics} if self.held_out.last_metrics else {}))
 
     def _loop(self) -> None:
         while self._running:
@@ -125,5 +132,6 @@ class GlobalEvaluator:
         self._last_versions = list(snap.versions)
         self.evaluations += 1
         self.events.emit("global_eval", versions=snap.versions, version=sum(snap.versions),
-                         tokens=round(snap.tokens, 1), loss=loss, seconds=round(cost, 4), reason=reason)
+                         tokens=round(snap.tokens, 1), loss=loss, seconds=round(cost, 4), reason=reason,
+                         **({"metrics": self.held_out.last_metrics} if self.held_out.last_metrics else {}))
         return loss

@@ -23,11 +23,22 @@ from .config import TrainConfig
 from .data import Corpus
 from .events import EVENTS_DIR, EventLog
 from .global_eval import HeldOut
+from .runspec import RunSpec
+from .task import load_task
 from .state import StateDir, load_tensors
 from .sync_state import PARAM
 
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 20.0
+HEALTHY_AFTER = 30.0   # a learner that lived this long restarts after the base delay again
+MAX_RESTART_DELAY = 30.0
+FATAL_EXIT = 3         # trainer.unit.FATAL_EXIT: refused by the syncer, or a task that cannot load
+
+
+def restart_backoff(base: float, failures: int) -> float:
+    """The delay before restarting a learner that died after `failures` short lives in a
+    row: doubling from `base`, capped, so a task failing at every start does not spin."""
+    return min(MAX_RESTART_DELAY, base * 2 ** max(0, failures - 1))
 
 
 @dataclass
@@ -38,6 +49,8 @@ class Proc:
     restarts: int = 0
     died_at: float | None = None
     log: Path | None = None
+    started_at: float = 0.0
+    failures: int = 0     # consecutive short lives: each doubles the next restart's delay
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -45,12 +58,10 @@ class Proc:
 
 @dataclass
 class ClusterSpec:
+    """Where a local cluster writes, what it runs (one RunSpec), and any learner's --speed."""
+
     run_dir: Path
-    learners: int
-    mode: str
-    data: str
-    syncer_flags: list[str]
-    learner_flags: list[str] = field(default_factory=list)
+    run: RunSpec
     speeds: dict[int, float] = field(default_factory=dict)
 
 
@@ -72,7 +83,7 @@ class LocalCluster:
         self.port = 0
         self.events = EventLog(self.run_dir, "launcher")
         self.syncer = Proc("syncer", [])
-        self.learners = {i: Proc(f"learner-{i}", []) for i in range(1, spec.learners + 1)}
+        self.learners = {i: Proc(f"learner-{i}", []) for i in range(1, spec.run.learners + 1)}
 
     def _spawn(self, proc: Proc) -> None:
         proc.log = self.run_dir / "logs" / f"{proc.name}.log"
@@ -80,14 +91,13 @@ class LocalCluster:
             proc.popen = subprocess.Popen(proc.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         proc.died_at = None
+        proc.started_at = time.monotonic()
 
     def start_syncer(self) -> None:
         self.address_file.unlink(missing_ok=True)
         self.syncer.argv = [sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
                             "--run-dir", str(self.run_dir), "--address-file", str(self.address_file),
-                            "--host", "127.0.0.1", "--port", str(self.port),
-                            "--learners", str(self.spec.learners), "--eval-data", self.spec.data,
-                            *self.spec.syncer_flags]
+                            "--host", "127.0.0.1", "--port", str(self.port), *self.spec.run.syncer_flags()]
         self._spawn(self.syncer)
         deadline = time.monotonic() + START_TIMEOUT
         while not self.address_file.exists():
@@ -103,8 +113,7 @@ class LocalCluster:
         proc = self.learners[i]
         proc.argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(i),
                      "--connect", f"127.0.0.1:{self.port}", "--run-dir", str(self.run_dir),
-                     "--data", self.spec.data, "--mode", self.spec.mode,
-                     "--speed", str(self.spec.speeds.get(i, 1.0)), *self.spec.learner_flags]
+                     "--speed", str(self.spec.speeds.get(i, 1.0)), *self.spec.run.learner_flags(i)]
         self._spawn(proc)
 
     def start(self) -> None:
@@ -120,13 +129,16 @@ class LocalCluster:
             self.events.emit("restart", target="syncer", exit_code=self.syncer.popen.returncode)
             self.start_syncer()
         for i, proc in self.learners.items():
-            if proc.alive():
-                continue
+            if proc.alive() or proc.popen is None or proc.popen.returncode == FATAL_EXIT:
+                continue  # a learner refused, or whose task cannot load, would only fail again
             if proc.died_at is None:
                 proc.died_at = now
-            elif now - proc.died_at >= restart_delay:
+                lived = now - proc.started_at
+                proc.failures = 0 if lived >= HEALTHY_AFTER else proc.failures + 1
+            elif now - proc.died_at >= restart_backoff(restart_delay, proc.failures):
                 proc.restarts += 1
-                self.events.emit("restart", target=proc.name, exit_code=proc.popen.returncode)
+                self.events.emit("restart", target=proc.name, exit_code=proc.popen.returncode,
+                                 delay=round(now - proc.died_at, 2))
                 self.start_learner(i)
 
     def stop(self) -> None:
@@ -214,10 +226,19 @@ def final_parameters(run_dir: Path, train: TrainConfig, state_dir: Path | None =
     return store.read_params(train.fragments)
 
 
-def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, corpus: Corpus) -> float:
-    """Mean cross-entropy (nats per byte) of `params` on the corpus's held-out tail: the same
-    fixed windows the syncer's global_eval samples score."""
-    return HeldOut(train.model, train.seed, corpus).loss(params)
+def score(params: dict[str, torch.Tensor], train: TrainConfig, data: str | Corpus = "markov") -> dict:
+    """The task's held-out loss of `params` (for the built-in task, nats per byte on the
+    corpus's held-out tail: the windows the syncer's global_eval scores), its metrics and
+    what it knows of the data."""
+    held_out = HeldOut(load_task(train.task, train.task_options(data)), train.seed)  # type: ignore[arg-type]
+    loss = held_out.loss(params)
+    return {"final_loss": round(loss, 4), **held_out.facts,
+            **({"metrics": held_out.last_metrics} if held_out.last_metrics else {})}
+
+
+def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, data: str | Corpus = "markov") -> float:
+    """The held-out loss alone, unrounded."""
+    return HeldOut(load_task(train.task, train.task_options(data)), train.seed).loss(params)  # type: ignore[arg-type]
 
 
 def learner_logs_tail(run_dir: Path) -> str:

@@ -36,11 +36,11 @@ import torch
 from . import wire
 from .codec import decode, encode
 from .config import TrainConfig
-from .data import Corpus, ShardSampler
+from .device import autocast, resolve_device
 from .events import EventLog
 from .fragments import FragmentClock
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
-from .model import build_model
+from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
 from .pacing import StepPacer
 from .ranks import Group, RankGroup, SoloGroup, param_digest
@@ -49,6 +49,7 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
+TASK_EXIT = 4  # the user's task failed mid-run (an exception, a NaN loss): restarted with backoff
 
 
 def heartbeat_due(link: Link, interval: float) -> float:
@@ -76,6 +77,9 @@ class LearnerOptions:
     ranks: int = 1
     store_file: str | None = None  # the unit's gloo rendezvous (ranks > 1)
     collective_timeout: float = 60.0
+    task: str = "gpt"             # must be the task the syncer trains (its WELCOME says which)
+    data: str = "markov"          # the built-in task's data
+    device: str = "auto"          # auto | cpu | cuda | cuda:N (trainer/device.py)
 
     @property
     def leader(self) -> bool:
@@ -110,10 +114,10 @@ class Inbox:
 
 
 class Learner:
-    def __init__(self, opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> None:
+    def __init__(self, opts: LearnerOptions, secret: bytes, mode: str) -> None:
         self.opts = opts
-        self.corpus = corpus
         self.mode = mode
+        self.device = resolve_device(opts.device, opts.rank)
         self.stop = threading.Event()
         self.pacer = StepPacer(opts.speed, opts.slowdown, opts.step_time)  # --speed / --step-time
         # Set once the loop has queued its last (residual) pushes: only then may the network
@@ -137,6 +141,10 @@ class Learner:
         self.awaiting: list[dict[int, int | None]] = []
         self.fatal: Exception | None = None
         self._versions_lock = threading.Lock()
+        self.position = 0  # batches this learner's shard has given, across incarnations
+        self.step_tokens = 0  # the unit's tokens in its last inner step: a round's weight at the syncer
+        self.task: CheckedTask | None = None
+        self.facts: dict = {}
 
     # ----------------------------------------------------------------- setup
     def _welcome(self) -> wire.Frame:
@@ -162,10 +170,19 @@ class Learner:
         self.incarnation = int(h["incarnation"])
         self.fragment_names: list[list[str]] = [list(names) for names in h["fragments"]]
         torch.set_num_threads(self.opts.threads)
-        self.model = build_model(self.cfg.model, self.cfg.seed)
+        if self.cfg.task != resolve_spec(self.opts.task):
+            raise SystemExit(f"learner-{self.opts.learner}: --task {self.opts.task} but the syncer trains "
+                             f"--task {self.cfg.task}; start both with the same task")
+        if self.cfg.task in BUILTIN_TASKS:  # configured by the run's flags, which WELCOME carries
+            self.task = load_task(self.cfg.task, self.cfg.task_options(self.opts.data))
+        self.model = self.task.model(self.cfg.seed).to(self.device)
         self.params = dict(self.model.named_parameters())
+        self._check_shapes(tensors)
+        if tensors is not None:
+            tensors = {n: t.to(self.device) for n, t in tensors.items()}
         if self.mode == "sync":
             self.opt = make_inner_optimizer(self.model, self.cfg)
+            self.default_optimizer = True  # the syncer mirrors every update with the same AdamW
             load_optimizer_tensors(self.model, self.opt, tensors, int(h["adam_step"]))
             self.round = int(h["round"])
         else:
@@ -179,37 +196,63 @@ class Learner:
             self.awaiting = [{} for _ in self.fragment_names]
         self.net = self.group.wrap(self.model)  # DDP makes every rank start from rank 0's values
         if self.mode != "sync":
-            self.opt = make_inner_optimizer(self.model, self.cfg)
-        self.unit_tokens_per_step = self.cfg.tokens_per_step * self.group.size
-        train, _ = self.corpus.split()
-        self.sampler = ShardSampler(train, self.opts.learner - 1, self.cfg.num_learners, self.cfg.model.block_size,
-                                    self.cfg.batch_size, self.cfg.seed, self.incarnation, int(h["position"]),
-                                    rank=self.group.rank, ranks=self.group.size)
-        fields = dict(incarnation=self.incarnation, position=self.sampler.position, threads=self.opts.threads,
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
+            self.opt = self.task.inner_optimizer(trainable, lambda: make_inner_optimizer(self.model, self.cfg))
+            self.default_optimizer = not hasattr(self.task.task, "inner_optimizer")
+        # Each rank of each unit reads its own shard; a restarted learner skips the batches
+        # its predecessors consumed, so it resumes its data instead of replaying it.
+        self.position = int(h["position"])
+        size = self.group.size
+        self.batch_iter = self.task.batches((self.opts.learner - 1) * size + self.group.rank,
+                                            self.cfg.num_learners * size, self.cfg.seed, skip=self.position)
+        fields = dict(incarnation=self.incarnation, position=self.position, threads=self.opts.threads,
                       speed=self.opts.speed, slowdown=self.opts.slowdown, step_time=self.opts.step_time,
-                      ranks=self.group.size)
+                      ranks=self.group.size, device=str(self.device), precision=self.cfg.precision)
         if not self.group.leader:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
         self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode,
-                         versions=self.adopted_versions, corpus=self.corpus.name,
-                         loss_floor=self.corpus.entropy_rate, unigram_entropy=self.corpus.unigram_entropy,
+                         versions=self.adopted_versions, task=self.cfg.task, corpus=self.facts.get("data"),
+                         loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
                          **fields)
 
+    def _check_shapes(self, tensors: dict[str, torch.Tensor] | None) -> None:
+        """The task's model must be the one the syncer holds: same parameter names and shapes."""
+        names = {n for names in self.fragment_names for n in names}
+        if names != set(self.params):
+            extra, missing = sorted(set(self.params) - names), sorted(names - set(self.params))
+            raise SystemExit(f"learner-{self.opts.learner}: task {self.cfg.task}: its model's parameters differ "
+                             f"from the syncer's (here only: {extra[:3]}; syncer only: {missing[:3]})")
+        for name, t in (tensors or {}).items():
+            if name in self.params and tuple(t.shape) != tuple(self.params[name].shape):
+                raise SystemExit(f"learner-{self.opts.learner}: task {self.cfg.task}: parameter {name} has shape "
+                                 f"{tuple(self.params[name].shape)} here, {tuple(t.shape)} at the syncer")
+
     # ----------------------------------------------------------------- inner step
-    def _inner_step(self) -> tuple[float, float]:
-        x, y = self.sampler.next_batch()
+    def _inner_step(self, step: int) -> tuple[float, float, int]:
+        """Forward and backward of one batch: (loss, start time, the batch's tokens)."""
+        batch = move_batch(next(self.batch_iter), self.device)
+        self.position += 1
         started = time.perf_counter()
-        _, loss = self.net(x, y)
+        with autocast(self.device, self.cfg.precision):
+            loss = self.task.loss(self.net, batch)
+        value = float(loss.detach())
+        self.task.check_finite(value, step)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        return float(loss.detach()), started
+        return value, started, self.task.tokens(batch)
+
+    def load_task(self) -> None:
+        """Before HELLO: importing a user's task can take seconds, and a joined learner must
+        not fall silent while it does (see warm_up_torch)."""
+        self.task = load_task(self.opts.task, {"data": self.opts.data})
+        self.facts = self.task.describe()
 
     def run(self) -> int:
         warm_up_torch(self.opts.threads)
         if self.opts.ranks > 1:
             self.group = RankGroup(self.opts.rank, self.opts.ranks, self.opts.store_file,
-                                   self.opts.collective_timeout)
+                                   self.opts.collective_timeout, self.device)
         try:
             if self.group.leader:
                 welcome = self._welcome()
@@ -247,8 +290,9 @@ class Learner:
             with torch.no_grad():
                 delta = {n: refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
                 refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+            delta = {n: d.cpu() for n, d in delta.items()}  # encoded on the host
             self.queue.put(OutgoingPush(f, seq, self.adopted_versions[f], tokens_since[f], steps_since[f],
-                                        self.sampler.position, delta, created_step=step, residual=residual))
+                                        self.position, delta, created_step=step, residual=residual))
             tokens_since[f] = steps_since[f] = 0
             last_push_step[f] = step
             clock.synced(f, step)
@@ -264,14 +308,15 @@ class Learner:
             self._follow_leader(stopping, adopted)
             if stopping:
                 break
-            loss, compute_s = self._train_step()
+            loss, compute_s, tokens = self._train_step(step + 1)
+            self.step_tokens = tokens
             step += 1
             for f in range(len(tokens_since)):
-                tokens_since[f] += self.unit_tokens_per_step
+                tokens_since[f] += tokens
                 steps_since[f] += 1
-            self.events.emit("inner_step", step=step, loss=loss, tokens=self.unit_tokens_per_step,
+            self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
-                             position=self.sampler.position)
+                             position=self.position)
             for f in clock.due(step):
                 with self._versions_lock:  # against _send_push marking a push of f as sent
                     self._release_answered(f)
@@ -295,15 +340,16 @@ class Learner:
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
 
-    def _train_step(self) -> tuple[float, float]:
-        """One inner AdamW step (DDP-averaged across the unit's ranks); (unit mean loss, compute s)."""
-        loss, started = self._inner_step()
+    def _train_step(self, step: int) -> tuple[float, float, int]:
+        """One inner step (DDP-averaged across the unit's ranks): (unit mean loss, compute s, unit tokens)."""
+        loss, started, tokens = self._inner_step(step)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        warm_up_lr(self.opt, self.cfg)
+        if self.default_optimizer:  # a task's own optimizer keeps its own schedule
+            warm_up_lr(self.opt, self.cfg)
         self.opt.step()
         compute_s = time.perf_counter() - started
-        return self.group.mean_loss(loss), compute_s
+        return self.group.mean_loss(loss), compute_s, tokens * self.group.size
 
     def _follow_leader(self, stop: bool, adopted: list[int]) -> tuple[bool, list[int]]:
         """Step boundary of the unit: rank 0's decision, then the adopted fragments' new values."""
@@ -320,7 +366,7 @@ class Learner:
             stop, adopted = self._follow_leader(False, [])
             if stop:
                 break
-            _, compute_s = self._train_step()
+            _, compute_s, _ = self._train_step(step + 1)
             step += 1
             self.pacer.after_step(compute_s, self.stop)
         self.events.emit("rank_stop", rank=self.group.rank, steps=step, incarnation=self.incarnation,
@@ -338,6 +384,7 @@ class Learner:
         if item is None or item[0] <= self.adopted_versions[f]:
             return False
         version, tensors = item
+        tensors = {n: t.to(self.device) for n, t in tensors.items()}
         alpha = self.cfg.alpha
         if self.cfg.adopt == "rebase":
             # θ ← Θ + (θ − ref): the steps made since the last push (ref) ride on the new
@@ -447,7 +494,8 @@ class Learner:
         if item.frame is None:
             header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
                       "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
-                      "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding}
+                      "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding,
+                      "step_tokens": max(1, self.step_tokens)}
             item.frame = wire.encode_frame(self.link.secret, wire.PUSH, header, encode(item.delta, self.cfg.encoding))
         item.attempts += 1
         started = time.monotonic()
@@ -492,26 +540,27 @@ class Learner:
         beat.start()
         step = 0
         while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
-            loss, started = self._inner_step()
+            loss, started, tokens = self._inner_step(step + 1)
             compute_s = time.perf_counter() - started
-            grads = {n: p.grad.detach() for n, p in self.params.items()}
-            header = {"round": self.round, "tokens": self.cfg.tokens_per_step, "position": self.sampler.position}
+            grads = {n: p.grad.detach().cpu() for n, p in self.params.items()}
+            header = {"round": self.round, "tokens": tokens, "position": self.position}
             reply = self._sync_exchange(wire.encode_frame(self.link.secret, wire.GRAD, header, grads))
             if reply is None:
                 break
             if reply.header.get("resync"):
-                load_optimizer_tensors(self.model, self.opt, reply.tensors(), int(reply.header["adam_step"]))
+                load_optimizer_tensors(self.model, self.opt, self._on_device(reply.tensors()),
+                                       int(reply.header["adam_step"]))
                 self.round = int(reply.header["round"])
                 self.events.emit("apply", fragment=None, version=self.round, resync=True, incarnation=self.incarnation)
                 continue
             applied_at = time.perf_counter()
-            apply_mean_gradient(self.model, self.opt, reply.tensors(), self.cfg)
+            apply_mean_gradient(self.model, self.opt, self._on_device(reply.tensors()), self.cfg)
             compute_s += time.perf_counter() - applied_at  # own work only; the wait is excluded
             self.round += 1
             step += 1
-            self.events.emit("inner_step", step=step, loss=loss, tokens=self.cfg.tokens_per_step,
+            self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), round=self.round, incarnation=self.incarnation,
-                             position=self.sampler.position,
+                             position=self.position,
                              dt=round(time.perf_counter() - started, 5), wire_bytes=reply.wire_bytes)
             self.pacer.after_step(compute_s, self.stop)
         self.stop.set()
@@ -519,6 +568,9 @@ class Learner:
         self.events.emit("process_stop", role="learner", steps=step,
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
+
+    def _on_device(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {n: t.to(self.device) for n, t in tensors.items()}
 
     def _sync_exchange(self, frame: bytes) -> wire.Frame | None:
         """Send a gradient until a MEAN comes back; reconnect as often as needed."""
@@ -562,14 +614,27 @@ def warm_up_torch(threads: int) -> None:
     torch.optim.AdamW([p]).step()
 
 
-def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) -> int:
-    learner = Learner(opts, corpus, secret, mode)
+def run_learner(opts: LearnerOptions, secret: bytes, mode: str) -> int:
+    try:
+        learner = Learner(opts, secret, mode)
+    except ValueError as exc:  # e.g. --device cuda on a machine without one
+        print(f"learner-{opts.learner}: error: {exc}", file=sys.stderr, flush=True)
+        return FATAL_EXIT
     for sig in (signal.SIGTERM, signal.SIGINT):
         # Ranks > 0 stop when rank 0 says so, at a step boundary; leaving on their own would
         # break the collective rank 0 is in, and lose the residual push.
         signal.signal(sig, set_on_signal(learner.stop) if opts.leader else signal.SIG_IGN)
     try:
+        learner.load_task()
+    except TaskError as exc:  # the task cannot be loaded: restarting will not help
+        report_task_error(exc, learner.events)
+        learner.events.close()
+        return FATAL_EXIT
+    try:
         return learner.run()
+    except TaskError as exc:  # the task failed mid-run: stop, say why; the unit restarts with backoff
+        report_task_error(exc, learner.events, learner.position)
+        return TASK_EXIT
     except SystemExit as exc:
         if opts.ranks > 1 and not isinstance(exc.code, int):  # refused or no syncer: the unit gives up
             print(exc.code, file=sys.stderr, flush=True)
@@ -577,3 +642,13 @@ def run_learner(opts: LearnerOptions, corpus: Corpus, secret: bytes, mode: str) 
         raise
     finally:
         learner.events.close()
+
+
+def report_task_error(exc: TaskError, events: EventLog | None, position: int | None = None) -> None:
+    """The message first, then the user's traceback, in the log; a task_error event for the checks."""
+    print(f"error: {exc}", file=sys.stderr)
+    if exc.details:
+        print(exc.details, file=sys.stderr, end="")
+    sys.stderr.flush()
+    if events is not None:
+        events.emit("task_error", task=exc.task, method=exc.method, error=str(exc), position=position)

@@ -18,6 +18,8 @@ from typing import Protocol
 
 import torch
 import torch.distributed as dist
+
+from .device import collective_backend
 from torch.nn.parallel import DistributedDataParallel
 
 # Gloo must stay on the loopback interface: a unit never reaches beyond its machine.
@@ -29,7 +31,7 @@ def param_digest(params: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for name in sorted(params):
         h.update(name.encode())
-        h.update(params[name].detach().contiguous().numpy().tobytes())
+        h.update(params[name].detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
@@ -86,13 +88,15 @@ class SoloGroup:
 class RankGroup:
     """R ranks of one unit, joined through a file store the unit supervisor chose."""
 
-    def __init__(self, rank: int, size: int, store_file: str, timeout: float) -> None:
+    def __init__(self, rank: int, size: int, store_file: str, timeout: float,
+                 device: torch.device = torch.device("cpu")) -> None:
         if not 0 <= rank < size:
             raise ValueError(f"rank: must be in [0, {size}), got {rank}")
         self.rank = rank
         self.size = size
-        dist.init_process_group("gloo", init_method=f"file://{store_file}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=timeout))
+        self.device = device  # NCCL reduces tensors on the GPU, gloo on the host
+        dist.init_process_group(collective_backend(device), init_method=f"file://{store_file}", rank=rank,
+                                world_size=size, timeout=timedelta(seconds=timeout))
 
     @property
     def leader(self) -> bool:
@@ -101,28 +105,31 @@ class RankGroup:
     def share_setup(self, setup: dict | None) -> dict:
         """Rank 0's WELCOME (config, incarnation, fragments, data position) to every rank, as JSON bytes."""
         if self.leader:
-            payload = torch.frombuffer(bytearray(json.dumps(setup).encode()), dtype=torch.uint8)
-            length = torch.tensor([payload.numel()], dtype=torch.int64)
+            payload = torch.frombuffer(bytearray(json.dumps(setup).encode()), dtype=torch.uint8).to(self.device)
+            length = torch.tensor([payload.numel()], dtype=torch.int64, device=self.device)
         else:
-            length = torch.zeros(1, dtype=torch.int64)
+            length = torch.zeros(1, dtype=torch.int64, device=self.device)
         dist.broadcast(length, 0)
         if not self.leader:
-            payload = torch.empty(int(length.item()), dtype=torch.uint8)
+            payload = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
         dist.broadcast(payload, 0)
-        return json.loads(bytes(payload.numpy()).decode())
+        return json.loads(bytes(payload.cpu().numpy()).decode())
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP: its constructor broadcasts rank 0's parameters, its backward averages gradients."""
+        if self.device.type == "cuda":
+            return DistributedDataParallel(model, device_ids=[self.device.index])
         return DistributedDataParallel(model)
 
     def step_control(self, stop: bool, adopted: list[int], fragments: int) -> tuple[bool, list[int]]:
         """Rank 0's decision for this step boundary: [stop, adopted fragment mask...]."""
-        control = torch.zeros(1 + fragments, dtype=torch.int32)
+        control = torch.zeros(1 + fragments, dtype=torch.int32, device=self.device)
         if self.leader:
             control[0] = int(stop)
             for f in adopted:
                 control[1 + f] = 1
         dist.broadcast(control, 0)
+        control = control.cpu()
         return bool(control[0]), [f for f in range(fragments) if control[1 + f]]
 
     def broadcast(self, tensors: list[torch.Tensor]) -> None:
@@ -138,7 +145,7 @@ class RankGroup:
                     offset += n
 
     def mean_loss(self, loss: float) -> float:
-        value = torch.tensor([loss], dtype=torch.float64)
+        value = torch.tensor([loss], dtype=torch.float64, device=self.device)
         dist.all_reduce(value)
         return float(value) / self.size
 

@@ -30,7 +30,7 @@ from .fragments import Fragment, partition
 from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
 from .signals import stop_on_signals
-from .model import build_model
+from .task import load_task
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
                     round_fraction, staleness_factors)
 from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
@@ -172,7 +172,11 @@ class Syncer:
         self.cond = threading.Condition()
         self.members = Membership(train.num_learners)
         self.counters: Counter[str] = Counter()
-        model = build_model(train.model, train.seed)
+        # The task's model only holds Θ: the syncer never trains it (nor reads its data,
+        # except the held-out set with --eval-data).
+        self.task = load_task(train.task, train.task_options(cfg.eval_data or "markov"))
+        model = self.task.model(train.seed)
+        self.step_tokens: dict[int, float] = {}  # learner → tokens per inner step of its pushes
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         self.specs = partition(self.shapes, train.fragments)
         self.defect = defects.active()
@@ -191,7 +195,7 @@ class Syncer:
 
     # ----------------------------------------------------------------- recovery
     def _fingerprint(self) -> dict:
-        return {"mode": self.train.mode, "model": self.train.model.to_dict(),
+        return {"mode": self.train.mode, "model": self.train.model.to_dict(), "task": self.train.task,
                 "fragments": self.train.fragments, "seed": self.train.seed}
 
     def _recover(self, model: torch.nn.Module) -> None:
@@ -256,12 +260,10 @@ class Syncer:
     def _make_evaluator(self) -> GlobalEvaluator | None:
         if not self.cfg.eval_data:
             return None
-        from .data import load_corpus
         try:
-            corpus = load_corpus(self.cfg.eval_data)
+            held_out = HeldOut(self.task, self.train.seed)
         except FileNotFoundError as exc:
             raise ValueError(f"eval-data: {exc}") from None
-        held_out = HeldOut(self.train.model, self.train.seed, corpus)
         return GlobalEvaluator(held_out, self.events, self._snapshot, self.cfg.eval_budget)
 
     def _snapshot(self) -> Snapshot:
@@ -527,6 +529,8 @@ class Syncer:
         steps = wire.header_int(h, "steps")
         position = wire.header_int(h, "position")
         encoding = wire.header_str(h, "encoding")
+        # Tokens per inner step, as the task counts them (optional: else the push's own mean).
+        step_tokens = wire.header_int(h, "step_tokens", 1) if "step_tokens" in h else (tokens / steps if steps else 0)
         spec = self.specs[index]
         try:
             delta = decode(frame.tensors(), encoding, {n: self.shapes[n] for n in spec.names})
@@ -570,6 +574,8 @@ class Syncer:
                 frag.note_arrival(learner, incarnation, accepted_at)
                 m.position = max(m.position, position)
                 m.tokens += tokens
+                if step_tokens > 0:
+                    self.step_tokens[learner] = float(step_tokens)
                 self.counters["accepted"] += 1
                 if self.defect != "ack_before_durable":
                     self._write_meta()
@@ -740,6 +746,17 @@ class Syncer:
         warmup = self.cfg.warmup_rounds
         return self.outer.momentum * (min(1.0, rounds / warmup) if warmup > 0 else 1.0)
 
+    def _round_tokens(self, contribs: list[Contribution]) -> float:
+        """The weight denominator of a merge: a full round's tokens, H inner steps of every
+        weighed learner at its own tokens per step (a task decides what a step weighs; a
+        learner not heard from yet counts at the mean of the others, or of these pushes)."""
+        known = list(self.step_tokens.values()) or [c.tokens / c.steps for c in contribs if c.steps > 0]
+        if not known:
+            return 0.0
+        mean = sum(known) / len(known)
+        per_step = sum(self.step_tokens.get(m.learner, mean) for m in self.members.weighed())
+        return float(self.train.sync_every * per_step)
+
     def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
         """Apply one outer step to a fragment. Called under the lock, which it releases
         while the new state is written.
@@ -753,8 +770,7 @@ class Syncer:
         frag.pending = []
         contribs = [p.contribution for p in taken]
         frag.merging.update(c.ident for c in contribs)
-        live = len(self.members.weighed())
-        expected = float(live * self.train.sync_every * self.train.tokens_per_step)
+        expected = self._round_tokens(contribs)
         policy = self.cfg.staleness_policy
         staleness = [frag.version - c.base_version for c in contribs]
         raw = merge_weights(contribs, expected)

@@ -12,9 +12,11 @@ import torch
 from trainer.config import SyncerConfig
 from trainer.data import load_corpus
 from trainer.events import EventLog, read_events
-from trainer.global_eval import EVAL_BATCH_SIZE, GlobalEvaluator, HeldOut, Snapshot
+from trainer.global_eval import GlobalEvaluator, HeldOut, Snapshot
 from trainer.launch import evaluate
 from trainer.model import ModelConfig, build_model
+from trainer.task import TaskError, load_task
+from trainer.tasks.gpt import EVAL_BATCH_SIZE
 from trainer.state import StateDir
 from trainer.syncer import Syncer
 
@@ -23,13 +25,18 @@ from .test_trainer_ledger import SECRET, Rig, push_frame, train_config, wait_unt
 SMALL = ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=16)
 
 
+def held_out(model: ModelConfig, seed: int, corpus) -> HeldOut:
+    """The built-in task's held-out set on `corpus`, as the syncer and `trainer eval` score it."""
+    return HeldOut(load_task("gpt", {"model": model, "data": corpus}), seed)
+
+
 def _params(seed: int) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone() for n, p in build_model(SMALL, seed).named_parameters()}
 
 
 def test_held_out_is_a_fixed_set_that_only_the_parameters_change() -> None:
     corpus = load_corpus("markov")
-    a, b = HeldOut(SMALL, 0, corpus), HeldOut(SMALL, 0, corpus)
+    a, b = held_out(SMALL, 0, corpus), held_out(SMALL, 0, corpus)
     assert all(x.shape[0] == EVAL_BATCH_SIZE for x, _ in a.batches)
     assert a.loss(_params(0)) == b.loss(_params(0))
     assert a.loss(_params(0)) != a.loss(_params(1))
@@ -38,15 +45,15 @@ def test_held_out_is_a_fixed_set_that_only_the_parameters_change() -> None:
 def test_held_out_refuses_a_corpus_without_one_window(tmp_path: Path) -> None:
     text = tmp_path / "small.txt"
     text.write_text("abcdefgh" * 600)  # 4,800 bytes: a held-out tail of 240, shorter than one window
-    with pytest.raises(ValueError, match="^eval-data: .* no held-out window of 513 bytes"):
-        HeldOut(ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=512), 0, load_corpus(str(text)))
+    with pytest.raises(TaskError, match="task.eval_batches.* no held-out window of 513 bytes"):
+        held_out(ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=512), 0, load_corpus(str(text)))
 
 
 def test_launch_evaluate_scores_the_same_windows(tmp_path: Path) -> None:
     from trainer.config import TrainConfig
     corpus = load_corpus("markov")
     train = TrainConfig(model=SMALL, batch_size=3)  # the training batch size does not change the held-out set
-    assert evaluate(_params(2), train, corpus) == HeldOut(SMALL, 0, corpus).loss(_params(2))
+    assert evaluate(_params(2), train, corpus) == held_out(SMALL, 0, corpus).loss(_params(2))
 
 
 class _Source:
@@ -70,7 +77,7 @@ class _Source:
 def _evaluator(tmp_path: Path, budget: float) -> tuple[GlobalEvaluator, _Source, EventLog]:
     source = _Source()
     log = EventLog(tmp_path, "syncer")
-    held = HeldOut(SMALL, 0, load_corpus("markov"))
+    held = held_out(SMALL, 0, load_corpus("markov"))
     return GlobalEvaluator(held, log, source.snapshot, budget), source, log
 
 
@@ -89,7 +96,7 @@ def test_every_new_version_is_scored_with_its_tokens_and_the_final_one_at_stop(t
     assert [r["versions"] for r in rows] == [[0], [1], [2], [3], [3]], "the start, each version once, the end"
     assert [r["reason"] for r in rows] == ["start", "merge", "merge", "merge", "final"]
     assert [r["tokens"] for r in rows] == [0.0, 100.0, 200.0, 300.0, 300.0]
-    assert rows[-1]["loss"] == pytest.approx(HeldOut(SMALL, 0, load_corpus("markov")).loss(_params(3)))
+    assert rows[-1]["loss"] == pytest.approx(held_out(SMALL, 0, load_corpus("markov")).loss(_params(3)))
 
 
 def test_the_budget_spaces_evaluations_by_their_own_cost(tmp_path: Path) -> None:

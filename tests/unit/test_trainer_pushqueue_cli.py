@@ -162,8 +162,8 @@ SECRET = b"pushqueue-test-secret-0123"
 
 
 def _bare_learner(encoding: str) -> Learner:
-    opts = LearnerOptions(learner=1, address=Address("127.0.0.1", 9), run_dir=None)
-    lrn = Learner(opts, corpus=None, secret=SECRET, mode="decoupled")  # type: ignore[arg-type]
+    opts = LearnerOptions(learner=1, address=Address("127.0.0.1", 9), run_dir=None, device="cpu")
+    lrn = Learner(opts, secret=SECRET, mode="decoupled")  # no task loaded: the test sends pushes only
     lrn.cfg = TrainConfig(model=ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=8), sync_every=4,
                           encoding=encoding)
     lrn.incarnation = 1
