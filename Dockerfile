@@ -21,7 +21,7 @@ ENV PYTHONUNBUFFERED=1 \
 COPY pyproject.toml wheelhouse* /tmp/build/
 RUN set -eu; \
     python3 -m venv "$VIRTUAL_ENV"; \
-    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/tmp/build/pyproject.toml", "rb"))["project"]["dependencies"]))' > /tmp/build/requirements.txt; \
+    python3 -c 'import tomllib; p = tomllib.load(open("/tmp/build/pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["examples"]))' > /tmp/build/requirements.txt; \
     if ls /tmp/build/*.whl >/dev/null 2>&1; then \
         pip install --no-index --find-links /tmp/build -r /tmp/build/requirements.txt; \
     else \

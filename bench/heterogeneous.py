@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from trainer.events import read_events  # noqa: E402
 from trainer.launch import ClusterSpec, LocalCluster  # noqa: E402
+from trainer.runspec import RunSpec  # noqa: E402
 
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 WARMUP = 20
@@ -41,9 +42,8 @@ def run(mode: str, slow_speed: float, slowdown: str, steps: int) -> tuple[float,
     import time
     with tempfile.TemporaryDirectory(prefix="islands-hetero-") as tmp:
         run_dir = Path(tmp)
-        cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=2, mode=mode, data="markov",
-                                           syncer_flags=["--mode", mode, *FAST], speeds={2: slow_speed},
-                                           learner_flags=["--slowdown", slowdown]))
+        run = RunSpec(learners=2, mode=mode, trainer_args=FAST).with_learner_flags(["--slowdown", slowdown])
+        cluster = LocalCluster(ClusterSpec(run_dir, run, speeds={2: slow_speed}))
         try:
             cluster.start()
             deadline = time.monotonic() + RUN_TIMEOUT

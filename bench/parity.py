@@ -367,13 +367,14 @@ def run_arm(arm: Arm, data: str, corpus, flags: list[str], run_dir: Path, timeou
     """Train one arm to its step budget and measure it; raises with the logs on failure."""
     from trainer.events import read_events
     from trainer.launch import ClusterSpec, LocalCluster, final_parameters, learner_logs_tail
+    from trainer.runspec import RunSpec
     from trainer.metrics import summarize
 
     train, syncer_flags = arm_configs(arm, flags)
     if run_dir.exists():
         shutil.rmtree(run_dir)  # a syncer resumes from an existing state dir: always start fresh
-    spec = ClusterSpec(run_dir=run_dir, learners=arm.learners, mode=arm.mode, data=data,
-                       syncer_flags=syncer_flags, learner_flags=["--max-steps", str(arm.steps)])
+    run = RunSpec(learners=arm.learners, mode=arm.mode, data=data, trainer_args=syncer_flags)
+    spec = ClusterSpec(run_dir, run.with_learner_flags(["--max-steps", str(arm.steps)]))
     cluster = LocalCluster(spec)
     started = time.monotonic()
     try:

@@ -29,6 +29,7 @@ from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import ShardSampler, load_corpus  # noqa: E402
 from trainer.events import read_events  # noqa: E402
 from trainer.launch import ClusterSpec, LocalCluster  # noqa: E402
+from trainer.runspec import RunSpec  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 from trainer.sync_state import make_inner_optimizer  # noqa: E402
@@ -60,9 +61,8 @@ def learner_run(steps: int, threads: int) -> float:
     """Tokens/s of learner-1 in a real cluster, from its inner_step events."""
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        spec = ClusterSpec(run_dir=run_dir, learners=1, mode="decoupled", data="markov",
-                           syncer_flags=["--mode", "decoupled"],
-                           learner_flags=["--threads", str(threads), "--max-steps", str(steps + 5)])
+        spec = ClusterSpec(run_dir, RunSpec(learners=1).with_learner_flags(
+            ["--threads", str(threads), "--max-steps", str(steps + 5)]))
         cluster = LocalCluster(spec)
         cluster.start()
         deadline = time.monotonic() + 600
@@ -79,7 +79,7 @@ def learner_run(steps: int, threads: int) -> float:
 def bytes_per_token(mode: str, seconds: float) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        spec = ClusterSpec(run_dir=run_dir, learners=2, mode=mode, data="markov", syncer_flags=["--mode", mode])
+        spec = ClusterSpec(run_dir, RunSpec(learners=2, mode=mode))
         cluster = LocalCluster(spec)
         cluster.start()
         time.sleep(seconds)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -10,6 +10,7 @@ from pathlib import Path
 from trainer.argtypes import positive_float as _positive_float
 from trainer.argtypes import non_negative_int as _non_negative_int
 from trainer.argtypes import positive_int as _positive_int
+from trainer.argtypes import device_arg
 
 from faults.sizing import DEFAULT_LEARNERS, DEFAULT_RANKS
 
@@ -24,10 +25,10 @@ def print_verdicts(result) -> None:
         print(f"  goodput {s['goodput']:.1%}, {s['merges']} merges / {s['sync_rounds']} sync rounds, "
               f"{s['tokens_processed']} tokens, recent training loss {s['train_loss_recent']}")
     if s.get("final_loss") is not None:
-        floor = s.get("loss_floor")
-        print(f"  final held-out loss {s['final_loss']:.4f} (unigram entropy {s['unigram_entropy']:.4f}, "
-              f"loss floor {floor:.4f})" if floor is not None else
-              f"  final held-out loss {s['final_loss']:.4f} (unigram entropy {s['unigram_entropy']:.4f})")
+        facts = [f"{k.replace('_', ' ')} {s[k]:.4f}" for k in ("unigram_entropy", "loss_floor")
+                 if isinstance(s.get(k), float)]
+        facts += [f"held-out {k} {v:.4f}" for k, v in (s.get("metrics") or {}).items()]
+        print(f"  final held-out loss {s['final_loss']:.4f}" + (f" ({', '.join(facts)})" if facts else ""))
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -36,6 +37,9 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from faults.sizing import SizeConflict, resolve_learners
 
     from .progress import ProgressPrinter, RunProgress
+    from trainer.runspec import RunSpec
+    from trainer.task import TaskError, resolve_spec
+
     from .runner import run_schedule
 
     path = Path(args.schedule)
@@ -44,7 +48,10 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise FileNotFoundError(args.schedule)
         # The schedule's `learners:` sizes the cluster unless --learners says (the same).
         args.learners = resolve_learners(declared_learners(path), args.learners, source=str(path))
-        schedule = Schedule.load(path, learners=args.learners, ranks=args.ranks)
+        # A learner's own flags (--learner-args N:--ranks R) may give its unit other ranks than
+        # --ranks: the cluster then checks each rank target against its own unit (run_schedule,
+        # before anything starts).
+        schedule = Schedule.load(path, learners=args.learners, ranks=None if args.learner_args else args.ranks)
     except FileNotFoundError:
         parser.error(f"SCHEDULE: no such file: {args.schedule}")
     except SizeConflict as exc:
@@ -52,8 +59,13 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ScheduleError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    if args.warm_spares and args.backend != "local":
-        parser.error(f"--warm-spares: only the local backend keeps warm spare processes, not {args.backend!r}")
+    try:
+        spec = RunSpec(backend=args.backend, learners=args.learners, ranks=args.ranks, mode=args.mode,
+                       task=resolve_spec(args.task), device=args.device, data=args.data,
+                       trainer_args=args.trainer_args, learner_args=learner_args(args.learner_args),
+                       duration=args.duration, warm_spares=args.warm_spares)
+    except (ValueError, TaskError) as exc:
+        parser.error(as_flag(str(exc)))
     out = Path(args.out or f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
@@ -64,12 +76,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           f"run dir {out}", flush=True)
     try:
         with ProgressPrinter(RunProgress(out, args.learners)):
-            result = run_schedule(schedule, out, backend=args.backend, learners=args.learners,
-                                  duration=args.duration, mode=args.mode, data=args.data,
-                                  trainer_args=args.trainer_args,
-                                  learner_args={i: ["--ranks", str(args.ranks)] for i in range(1, args.learners + 1)}
-                                  if args.ranks > 1 else None, warm_spares=args.warm_spares,
-                                  reference=args.reference)
+            result = run_schedule(schedule, out, spec, reference=args.reference)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
@@ -89,14 +96,15 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     try:
         recorded = load_recorded(args.run_dir)
         if args.backend:
-            recorded = dataclasses.replace(recorded, backend=args.backend)
+            recorded = recorded.on_backend(args.backend)
     except ReplayError as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2
     out = Path(args.out) if args.out else next_replay_dir(args.run_dir)
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
-    extra = f", trainer args {' '.join(recorded.trainer_args)}" if recorded.trainer_args else ""
+    extra = f", task {recorded.task}" if recorded.task != "gpt" else ""
+    extra += f", trainer args {' '.join(recorded.trainer_args)}" if recorded.trainer_args else ""
     extra += "".join(f", {k}={v}" for k, v in sorted(recorded.env.items()))
     print(f"chaos: replaying {args.run_dir}: {len(recorded.schedule.faults)} fault(s), seed "
           f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
@@ -131,6 +139,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", None, None, \
         "decoupled", "markov", None
     args.ranks = 1
+    args.task, args.device, args.learner_args = "gpt", "auto", []
     args.warm_spares = DEMO_WARM_SPARES
     status = cmd_run(args, parser)
     if (Path(args.out) / "events").is_dir():
@@ -169,6 +178,25 @@ REFERENCE_HELP = ("auto (default): judge final_loss and no_divergence against a 
                   "missing; off: the unigram-entropy rule only")
 
 
+def as_flag(message: str) -> str:
+    """A RunSpec error ("warm_spares: ...") as the flag the user typed ("--warm-spares: ...")."""
+    field, sep, rest = message.partition(":")
+    if sep and field.replace("_", "").isalpha() and not field.startswith("-"):
+        return f"--{field.replace('_', '-')}:{rest}"
+    return message
+
+
+def learner_args(values: list[str]) -> dict[int, list[str]]:
+    """--learner-args N:FLAGS, repeated, as {N: [flags...]} (a learner's later flags add to its earlier)."""
+    out: dict[int, list[str]] = {}
+    for value in values:
+        number, sep, flags = value.partition(":")
+        if not sep or not number.isdigit():
+            raise ValueError(f"learner_args: expected N:FLAGS, e.g. '2:--speed 0.5', got {value!r}")
+        out.setdefault(int(number), []).extend(shlex.split(flags))
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m chaos", description="Islands' chaos harness.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -188,7 +216,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "take instead of starting Python cold (default 0: every restart starts cold)")
     p.add_argument("--out", help="run directory (default runs/chaos-<timestamp>)")
     p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled")
-    p.add_argument("--data", default="markov")
+    p.add_argument("--task", default="gpt", metavar="TASK",
+                   help="what the cluster trains: FILE.py:NAME or MODULE:NAME (README, 'Your own model'); "
+                        "default gpt, the built-in byte-level GPT on --data")
+    p.add_argument("--device", type=device_arg, default="auto",
+                   help="where learners train: auto (CUDA when present), cpu, cuda or cuda:N (default auto)")
+    p.add_argument("--data", default="markov", help="the built-in task's data: markov[:k=v,...] or a text path")
+    p.add_argument("--learner-args", action="append", default=[], metavar="N:FLAGS",
+                   help="extra flags of learner-N, e.g. '2:--speed 0.5' (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_run, trainer_args=[])

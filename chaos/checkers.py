@@ -437,6 +437,21 @@ def check_finite(view: RunView) -> Verdict:
     return Verdict("finite", PASS, "no NaN or Inf in global parameters or losses", evidence)
 
 
+def check_task_healthy(view: RunView) -> Verdict:
+    """The user's task never failed: no learner stopped on an exception or a NaN loss in
+    its task (a `task_error` event; the traceback is in that learner's log)."""
+    errors = [e for e in view.events if e["kind"] == "task_error"]
+    evidence = {"task_errors": [{"learner": e.get("learner"), "at": round(view.rel(e["t"]), 2),
+                                 "method": e.get("method"), "error": e.get("error")} for e in errors[:20]]}
+    if errors:
+        learners = sorted({e.get("learner") for e in errors}, key=str)
+        first = errors[0]
+        return Verdict("task_healthy", FAIL, f"the task failed {len(errors)} time(s) on learner(s) "
+                       f"{', '.join(map(str, learners))}; first, on learner-{first.get('learner')}: "
+                       f"{first.get('error')} (traceback in logs/learner-{first.get('learner')}.log)", evidence)
+    return Verdict("task_healthy", PASS, "no learner's task raised or returned a non-finite loss", evidence)
+
+
 def _model_drift(fragments: list[dict]) -> float | None:
     """The relative L2 distance of the whole model from the global versions last adopted, from
     each fragment's absolute `diff` and `norm`; None when a fragment lacks them."""
@@ -540,6 +555,13 @@ def final_tokens(view: RunView) -> float:
     return merged_tokens(view.events)
 
 
+def _untrained_loss(view: RunView) -> float | None:
+    """Θ₀'s held-out loss: the syncer's first `global_eval`, scored as it starts."""
+    starts = [e for e in view.events if e["kind"] == "global_eval" and e.get("reason") == "start"
+              and isinstance(e.get("loss"), float)]
+    return min(starts, key=lambda e: e["t"])["loss"] if starts else None
+
+
 def check_final_loss(view: RunView, threshold: float | None = None,
                      reference: float | ReferenceCurve | None = None, margin: float | None = None) -> Verdict:
     """The held-out loss of the final global parameters is within `margin` of a fault-free
@@ -574,8 +596,14 @@ def check_final_loss(view: RunView, threshold: float | None = None,
         limit, rule = reference + margin, f"reference {reference:.4f} + {margin}"
     elif threshold is not None:
         limit, rule = threshold, f"threshold {threshold:.4f}"
-    else:
+    elif unigram is not None:
         limit, rule = unigram - 0.3, f"unigram entropy {unigram:.4f} − 0.3 (no fault-free reference)"
+    else:  # a user's task says nothing of its data: it must at least beat its untrained model
+        start = _untrained_loss(view)
+        if start is None:
+            return Verdict("final_loss", UNKNOWN, "no fault-free reference, no unigram entropy and no score of the "
+                                                  "untrained model to compare with", evidence)
+        limit, rule = start, f"the untrained model's {start:.4f} (no fault-free reference)"
     evidence.update(limit=limit, rule=rule)
     if not (isinstance(loss, float) and loss <= limit):
         return Verdict("final_loss", FAIL, f"final loss {loss} above {rule}", evidence)
@@ -591,6 +619,7 @@ CHECKERS: dict[str, Callable[..., Verdict]] = {
     "no_double_apply": check_no_double_apply,
     "monotonic_versions": check_monotonic_versions,
     "finite": check_finite,
+    "task_healthy": check_task_healthy,
     "no_divergence": check_no_divergence,
     "converged": check_converged,
     "final_loss": check_final_loss,

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from trainer.argtypes import non_negative_int, positive_int
+from trainer.runspec import RunSpec
 
 if TYPE_CHECKING:
     from faults import Schedule
@@ -63,7 +64,7 @@ SESSION_TAIL_SECONDS = 10.0
 CHAOS_FIXTURES = ("cluster", "toxiproxy", "chaos", "chaos_result")
 
 MARKERS = {
-    "chaos(schedule=PATH, learners=None, duration=None, mode='decoupled', trainer_args=None)":
+    "chaos(schedule=PATH, learners=None, duration=None, mode='decoupled', trainer_args=None, task=None)":
              "run the fault schedule PATH (relative to the test file, then the working directory) on a "
              "fresh cluster before the test body; the test fails if a check fails. The RunResult is the "
              "chaos_result fixture.",
@@ -102,6 +103,16 @@ class ChaosOptions:
     streaming: bool = False
     warm_spares: int = 0  # local backend: warm spare processes restarts take (chaos/spares.py)
     reference: str = "auto"  # final_loss against a fault-free run of the same config (chaos/reference.py)
+    task: str = "gpt"        # --chaos-task: what every cluster of the session trains, unless a test says
+
+    def spec(self, learners: int | None = None, task: str | None = None, trainer_args=(), **settings) -> RunSpec:
+        """The RunSpec of one of this session's clusters: its backend, spares and task, the
+        streaming flags when on, and whatever the test sets (`settings`: mode=, data=, ...)."""
+        from trainer.task import resolve_spec
+
+        return RunSpec(backend=self.backend, learners=learners or self.learners,
+                       task=resolve_spec(task or self.task), trainer_args=self.trainer_args(trainer_args),
+                       warm_spares=self.spares_for(self.backend), **settings)
 
     def spares_for(self, backend: str) -> int:
         """Warm spares for a cluster of `backend`: only the local backend keeps them."""
@@ -170,6 +181,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="local backend: keep N warm spare processes (torch already imported) that restarts "
                          "take instead of a cold Python; applies to the cluster fixture and the chaos marker "
                          "(default 0: cold restarts)")
+    group.addoption("--chaos-task", default="gpt", metavar="FILE.py:NAME",
+                    help="what every chaos cluster trains: FILE.py:NAME or MODULE:NAME (README, 'Your own model'), "
+                         "unless a test's cluster_settings or chaos marker names its own (default: gpt, the "
+                         "built-in byte-level GPT)")
     group.addoption("--chaos-reference", choices=("auto", "off"), default="auto",
                     help="auto: judge final_loss and no_divergence against a fault-free run of the same "
                          "configuration at the same merged tokens, cached under the islands home (run once when "
@@ -182,7 +197,7 @@ def chaos_options_from(config: pytest.Config) -> ChaosOptions:
                         learners=config.getoption("chaos_learners"), artifacts=artifacts,
                         streaming=config.getoption("chaos_streaming"),
                         warm_spares=config.getoption("chaos_warm_spares"),
-                        reference=config.getoption("chaos_reference"))
+                        reference=config.getoption("chaos_reference"), task=config.getoption("chaos_task"))
 
 
 def _artifacts_root(config: pytest.Config) -> Path:
@@ -272,38 +287,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 @dataclass
 class RunRecord:
-    """What a chaos test ran: enough to copy its traces and to replay it."""
+    """What a chaos test ran (its RunSpec, schedule and run dir): enough to copy its traces
+    and to replay it."""
 
     run_dir: Path
-    learners: int
-    backend: str = "local"
-    mode: str = DEFAULT_MODE
-    data: str = DEFAULT_DATA
-    trainer_args: list[str] = field(default_factory=list)
+    spec: RunSpec = field(default_factory=RunSpec)
     schedule: Schedule | None = None
-    duration: float | None = None
-    env: dict[str, str] = field(default_factory=dict)  # environment the replay needs, if any
     artifacts: Path | None = None  # set once written
-    ranks: int = 1  # ranks of every learner unit (`chaos run --ranks`)
-    warm_spares: int = 0  # `chaos run --warm-spares`
 
-    def run_json(self) -> dict:
-        """The keys `chaos.runner.run_schedule` writes into run.json, read by `chaos replay`."""
+    @property
+    def learners(self) -> int:
+        return self.spec.learners
+
+    def recorded_spec(self) -> RunSpec:
+        """The spec with the schedule's seed and the duration it ran (or will run) for."""
         from .runner import default_duration
 
-        duration = self.duration
-        if duration is None and self.schedule is not None:
-            duration = default_duration(self.schedule)
-        out = {"backend": self.backend, "learners": self.learners, "mode": self.mode, "data": self.data,
-               "trainer_args": list(self.trainer_args),
-               "seed": self.schedule.seed if self.schedule is not None else None, "duration": duration}
-        if self.env:
-            out["env"] = dict(self.env)  # `chaos replay` sets these for the replayed cluster
-        if self.ranks > 1:
-            out["learner_args"] = {str(i): ["--ranks", str(self.ranks)] for i in range(1, self.learners + 1)}
-        if self.warm_spares:
-            out["warm_spares"] = self.warm_spares
-        return out
+        spec = self.spec
+        if spec.duration is None and self.schedule is not None:
+            spec = spec.replace(duration=default_duration(self.schedule))
+        return spec.replace(seed=self.schedule.seed if self.schedule is not None else spec.seed)
+
+    def run_json(self) -> dict:
+        """run.json, as `chaos.runner.run_schedule` writes it and `chaos replay` reads it."""
+        return self.recorded_spec().to_json()
 
 
 _record = pytest.StashKey[RunRecord]()
@@ -316,22 +323,9 @@ def _remember(node: pytest.Item, record: RunRecord) -> RunRecord:
 
 def replay_command(schedule_path: Path | str, record: RunRecord) -> str:
     """The one command line that reruns `record` from a schedule file."""
-    argv = ["python", "-m", "chaos", "run", str(schedule_path), "--backend", record.backend,
-            "--learners", str(record.learners)]
-    if record.ranks > 1:
-        argv += ["--ranks", str(record.ranks)]
-    if record.warm_spares:
-        argv += ["--warm-spares", str(record.warm_spares)]
-    if record.mode != DEFAULT_MODE:
-        argv += ["--mode", record.mode]
-    if record.data != DEFAULT_DATA:
-        argv += ["--data", record.data]
-    if record.duration is not None:
-        argv += ["--duration", f"{record.duration:g}"]
-    if record.trainer_args:
-        argv += ["--", *record.trainer_args]
-    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(record.env.items())]
-    return " ".join([*env, shlex.join(argv)])
+    spec = record.spec.replace(seed=None)  # the schedule file holds its seed
+    env = [f"{k}={shlex.quote(v)}" for k, v in sorted(spec.env.items())]
+    return " ".join([*env, shlex.join(spec.to_argv(str(schedule_path)))])
 
 
 def _with_seed(schedule: Schedule, seed: int | None) -> Schedule:
@@ -422,18 +416,6 @@ def write_artifacts(config: pytest.Config, nodeid: str, record: RunRecord, why: 
     return command
 
 
-def _uniform_ranks(learner_args: object) -> int:
-    """R when run.json's learner flags give every learner `--ranks R` (what `chaos run --ranks` does)."""
-    if not isinstance(learner_args, dict) or not learner_args:
-        return 1
-    found = {tuple(v[v.index("--ranks"):v.index("--ranks") + 2]) if isinstance(v, list) and "--ranks" in v else None
-             for v in learner_args.values()}
-    if len(found) != 1 or None in found:
-        return 1
-    (flag,) = found
-    return int(flag[1]) if len(flag) == 2 and str(flag[1]).isdigit() else 1
-
-
 def _run_json(run_dir: Path) -> dict:
     try:
         found = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -455,12 +437,16 @@ def record_failure_artifacts(request: pytest.FixtureRequest, run_dir: str | Path
     node = request.node
     run_dir = Path(run_dir)
     found = _run_json(run_dir)
-    record = RunRecord(run_dir, learners, backend or found.get("backend") or chaos_options_from(request.config).backend,
-                       mode or found.get("mode") or DEFAULT_MODE, data or found.get("data") or DEFAULT_DATA,
-                       list(trainer_args if trainer_args is not None else found.get("trainer_args") or []),
-                       schedule, duration if duration is not None else found.get("duration"), env=dict(env or {}),
-                       ranks=_uniform_ranks(found.get("learner_args")),
-                       warm_spares=found.get("warm_spares") if isinstance(found.get("warm_spares"), int) else 0)
+    try:
+        spec = RunSpec.from_json(found, str(run_dir / "run.json"))
+    except ValueError:
+        spec = RunSpec(backend=chaos_options_from(request.config).backend)
+    if backend is None and not found.get("backend"):  # no run.json, or one without: the session's backend
+        backend = chaos_options_from(request.config).backend
+    given = {"backend": backend, "mode": mode, "data": data, "duration": duration,
+             "trainer_args": trainer_args, "env": env}
+    spec = spec.replace(learners=learners, **{k: v for k, v in given.items() if v is not None})
+    record = RunRecord(run_dir, spec, schedule)
     _remember(node, record)
     return _artifacts_root(request.config) / sanitize_nodeid(node.nodeid)
 
@@ -482,6 +468,7 @@ class ClusterSettings:
     mode: str = DEFAULT_MODE
     data: str = DEFAULT_DATA
     trainer_args: tuple[str, ...] = ()
+    task: str | None = None   # None: the session's --chaos-task
 
 
 @pytest.fixture
@@ -509,12 +496,11 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
 
     s = cluster_settings
     run_dir = tmp_path / "run"
-    trainer_args = chaos_options.trainer_args(s.trainer_args)
-    spares = chaos_options.spares_for(chaos_options.backend)
-    _remember(request.node, RunRecord(run_dir, s.learners, chaos_options.backend, s.mode, s.data,
-                                      list(trainer_args), warm_spares=spares))
-    c = runner.make_cluster(chaos_options.backend, run_dir, s.learners, mode=s.mode, data=s.data,
-                            trainer_args=list(trainer_args), warm_spares=spares)
+    task = getattr(request, "param", None) or s.task  # indirect parametrization: cluster(task=...)
+    spec = chaos_options.spec(learners=s.learners, mode=s.mode, data=s.data, trainer_args=s.trainer_args,
+                              task=task)
+    _remember(request.node, RunRecord(run_dir, spec))
+    c = runner.make_cluster(spec, run_dir)
     if getattr(c, "run_dir", None) is None:
         c.run_dir = run_dir
     started = False
@@ -564,7 +550,8 @@ class ChaosSession:
         if duration is None:
             duration = schedule.horizon + SESSION_TAIL_SECONDS
         self.last_schedule = schedule
-        self.record.schedule, self.record.duration = schedule, duration
+        self.record.schedule = schedule
+        self.record.spec = self.record.spec.replace(duration=duration)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         schedule.dump(self.run_dir / "schedule.yaml")
         (self.run_dir / "run.json").write_text(json.dumps(self.record.run_json(), indent=2) + "\n")
@@ -613,7 +600,8 @@ def chaos(request: pytest.FixtureRequest, cluster, chaos_options: ChaosOptions):
     """A ChaosSession on the `cluster` fixture's cluster."""
     record = request.node.stash.get(_record, None)
     if record is None:  # a `cluster` fixture overridden by the test's own
-        record = _remember(request.node, RunRecord(Path(cluster.run_dir), cluster.learners, chaos_options.backend))
+        record = _remember(request.node, RunRecord(Path(cluster.run_dir), getattr(cluster, "spec", None) or
+                                                   chaos_options.spec(learners=cluster.learners)))
     session = ChaosSession(cluster, record, seed=chaos_options.seed)
     yield session
     session.close()
@@ -634,11 +622,11 @@ def _marker_settings(marker: pytest.Mark) -> dict:
         if len(marker.args) > 1 or "schedule" in kwargs:
             raise pytest.UsageError(f"@pytest.mark.chaos takes one schedule, got {marker.args} {kwargs}")
         kwargs["schedule"] = marker.args[0]
-    known = {"schedule", "learners", "duration", "mode", "trainer_args"}
+    known = {"schedule", "learners", "duration", "mode", "trainer_args", "task"}
     unknown = sorted(set(kwargs) - known)
     if unknown or "schedule" not in kwargs:
         raise pytest.UsageError(f"@pytest.mark.chaos(schedule=PATH, learners=None, duration=None, "
-                                f"mode='decoupled', trainer_args=None): got {kwargs}")
+                                f"mode='decoupled', trainer_args=None, task=None): got {kwargs}")
     return kwargs
 
 
@@ -672,15 +660,12 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
     kw = _marker_settings(marker)
     learners = kw.get("learners") or chaos_options.learners
     schedule = _with_seed(_resolve_schedule(kw["schedule"], Path(request.node.path), learners), chaos_options.seed)
-    trainer_args = chaos_options.trainer_args(kw.get("trainer_args") or [])
-    mode = kw.get("mode") or DEFAULT_MODE
+    spec = chaos_options.spec(learners=learners, mode=kw.get("mode") or DEFAULT_MODE,
+                              trainer_args=kw.get("trainer_args") or [], task=kw.get("task"),
+                              duration=kw.get("duration"))
     run_dir = tmp_path / "run"
-    spares = chaos_options.spares_for(chaos_options.backend)
-    _remember(request.node, RunRecord(run_dir, learners, chaos_options.backend, mode, DEFAULT_DATA, trainer_args,
-                                      schedule, kw.get("duration"), warm_spares=spares))
-    result = runner.run_schedule(schedule, run_dir, backend=chaos_options.backend, learners=learners,
-                                 duration=kw.get("duration"), mode=mode, trainer_args=trainer_args,
-                                 warm_spares=spares, reference=chaos_options.reference)
+    _remember(request.node, RunRecord(run_dir, spec, schedule))
+    result = runner.run_schedule(schedule, run_dir, spec, reference=chaos_options.reference)
     request.node.stash[_result] = result
     return result
 

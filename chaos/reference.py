@@ -7,8 +7,9 @@ no faults, at the same number of merged tokens: the reference's `global_eval` cu
 interpolated where the chaos run ended.
 
 References are cached under `islands_home()/references/<key>.json`, the key a hash of
-what decides the curve: learners, mode, data, trainer args, learner args (ranks among
-them) and a digest of the trainer package's source, so a trainer change makes a new one.
+what decides the curve: the run's RunSpec (learners, ranks, mode, task, device, data,
+trainer and learner args) but where and how long it runs, and a digest of the trainer
+package's source, so a trainer change makes a new one.
 The schedule's seed is not in the key: a schedule without faults draws nothing from it,
 and the trainer's own seed is a trainer arg. Nor is the duration: the comparison is at
 equal tokens, so a cached reference is reused when it ran at least as long as asked, or
@@ -26,6 +27,8 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from trainer.runspec import RunSpec
 
 from .processes import islands_home
 
@@ -130,12 +133,15 @@ def trainer_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def settings_for(learners: int, mode: str, data: str, trainer_args: list[str],
-                 learner_args: dict[int, list[str]] | None) -> dict:
-    """What decides a fault-free run's curve, as the key is computed from it."""
-    return {"learners": learners, "mode": mode, "data": data, "trainer_args": list(trainer_args),
-            "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
-            "trainer": trainer_digest()}
+# What does not decide a fault-free curve: where it runs, for how long, the faults' seed.
+NOT_IN_KEY = ("backend", "duration", "warm_spares", "seed", "env")
+
+
+def settings_for(spec: RunSpec) -> dict:
+    """What decides a fault-free run's curve (every RunSpec field but NOT_IN_KEY, and the
+    trainer's source), as the key is computed from it."""
+    settings = {k: v for k, v in spec.to_json().items() if k not in NOT_IN_KEY}
+    return {**settings, "trainer": trainer_digest()}
 
 
 def reference_key(settings: dict) -> str:
@@ -177,19 +183,16 @@ def reference_duration(duration: float) -> float:
     return math.ceil(duration / DURATION_GRID) * DURATION_GRID
 
 
-def obtain(backend: str, learners: int, duration: float, mode: str, data: str, trainer_args: list[str],
-           learner_args: dict[int, list[str]] | None, warm_spares: int = 0,
-           tokens: float | None = None) -> ReferenceCurve | None:
+def obtain(spec: RunSpec, tokens: float | None = None) -> ReferenceCurve | None:
     """The cached reference for this configuration (one that covers `duration` s or the
     chaos run's `tokens` merged tokens), or a fault-free run of it made now
     through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
     `reference_dir()/<key>-run`. It always runs on the local backend: what healthy training
     reaches at a number of merged tokens does not depend on where the processes live, and
     it needs no Docker. None when the reference run sampled no global loss."""
-    del backend, warm_spares  # a fault-free run restarts nothing and runs locally (above)
-    settings = settings_for(learners, mode, data, trainer_args, learner_args)
+    settings = settings_for(spec)
     key = reference_key(settings)
-    wanted = reference_duration(duration)
+    wanted = reference_duration(spec.duration or DURATION_GRID)
     cached = load_cached(key, wanted, tokens)
     if cached is not None:
         return cached
@@ -205,9 +208,9 @@ def obtain(backend: str, learners: int, duration: float, mode: str, data: str, t
           f"(cached for the next runs; --reference off skips it)", flush=True)
     saved = {k: os.environ.pop(k) for k in NOT_INHERITED if k in os.environ}
     try:
-        result = run_schedule(Schedule(seed=0, faults=()), run_dir, backend="local", learners=learners,
-                              duration=wanted, mode=mode, data=data, trainer_args=trainer_args,
-                              learner_args=learner_args, reference="off")
+        # A fault-free run restarts nothing and runs locally (above).
+        result = run_schedule(Schedule(seed=0, faults=()), run_dir,
+                              spec.replace(backend="local", duration=wanted, warm_spares=0, env={}), reference="off")
     finally:
         os.environ.update(saved)
     points = curve_points(read_events(run_dir))

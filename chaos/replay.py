@@ -1,8 +1,8 @@
 """Rerun a recorded chaos run: `python -m chaos replay RUN_DIR [--out DIR]`.
 
 A run directory written by `chaos run` (or an artifacts directory the pytest plugin left
-for a failing test) holds `schedule.yaml` and `run.json` (backend, learners, mode, data,
-trainer_args, seed, duration). Replaying runs the same schedule with the same settings
+for a failing test) holds `schedule.yaml` and `run.json` (the run's RunSpec: backend,
+learners, ranks, mode, task, device, data, trainer and learner args, seed, duration...). Replaying runs the same schedule with the same settings
 and seed on a fresh cluster, through the same `chaos.runner.run_schedule` as `chaos run`.
 """
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 
 from faults import Schedule, ScheduleError
 
+from trainer.runspec import RunSpec
+
 RUN_FILE = "run.json"
 SCHEDULE_FILE = "schedule.yaml"
 
@@ -25,16 +27,20 @@ class ReplayError(Exception):
 
 @dataclass(frozen=True)
 class Recorded:
+    """A recorded run: its schedule and its RunSpec (run.json)."""
+
     schedule: Schedule
-    backend: str = "local"
-    learners: int = 3
-    mode: str = "decoupled"
-    data: str = "markov"
-    trainer_args: list[str] = field(default_factory=list)
-    duration: float | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    learner_args: dict[int, list[str]] = field(default_factory=dict)
-    warm_spares: int = 0
+    spec: RunSpec = field(default_factory=RunSpec)
+
+    def __getattr__(self, name: str):  # backend, learners, mode, task, trainer_args, env, ...
+        if name in {f.name for f in dataclasses.fields(RunSpec)}:
+            return getattr(self.spec, name)
+        raise AttributeError(name)
+
+    def on_backend(self, backend: str) -> "Recorded":
+        """Replay on another backend: warm spares are the local backend's alone."""
+        spare = self.spec.warm_spares if backend == "local" else 0
+        return dataclasses.replace(self, spec=self.spec.replace(backend=backend, warm_spares=spare))
 
 
 def load_recorded(run_dir: str | Path) -> Recorded:
@@ -50,39 +56,17 @@ def load_recorded(run_dir: str | Path) -> Recorded:
         run = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
     except ValueError as exc:
         raise ReplayError(f"{run_dir / RUN_FILE}: not valid JSON ({exc})") from None
-    if not isinstance(run, dict):
-        raise ReplayError(f"{run_dir / RUN_FILE}: expected a JSON object, got {type(run).__name__}")
-    learners = run.get("learners", 3)
-    if isinstance(learners, bool) or not isinstance(learners, int) or learners < 1:
-        raise ReplayError(f"{run_dir / RUN_FILE}: learners: expected an integer >= 1, got {learners!r}")
     try:
-        schedule = Schedule.load(run_dir / SCHEDULE_FILE, learners=learners)
+        spec = RunSpec.from_json(run, source=str(run_dir / RUN_FILE))
+    except ValueError as exc:
+        raise ReplayError(str(exc)) from None
+    try:
+        schedule = Schedule.load(run_dir / SCHEDULE_FILE, learners=spec.learners)
     except ScheduleError as exc:
         raise ReplayError(str(exc)) from None
-    seed = run.get("seed")
-    if isinstance(seed, int) and not isinstance(seed, bool) and seed != schedule.seed:
-        schedule = dataclasses.replace(schedule, seed=seed)
-    trainer_args = run.get("trainer_args") or []
-    if not isinstance(trainer_args, list) or not all(isinstance(a, str) for a in trainer_args):
-        raise ReplayError(f"{run_dir / RUN_FILE}: trainer_args: expected a list of strings, got {trainer_args!r}")
-    duration = run.get("duration")
-    env = run.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ReplayError(f"{run_dir / RUN_FILE}: env: expected an object of strings, got {env!r}")
-    learner_args = run.get("learner_args") or {}
-    if not isinstance(learner_args, dict) or not all(
-            isinstance(k, str) and k.isdigit() and isinstance(v, list) and all(isinstance(a, str) for a in v)
-            for k, v in learner_args.items()):
-        raise ReplayError(f"{run_dir / RUN_FILE}: learner_args: expected an object of learner number to a list "
-                          f"of strings, got {learner_args!r}")
-    warm_spares = run.get("warm_spares", 0)
-    if isinstance(warm_spares, bool) or not isinstance(warm_spares, int) or warm_spares < 0:
-        raise ReplayError(f"{run_dir / RUN_FILE}: warm_spares: expected an integer >= 0, got {warm_spares!r}")
-    return Recorded(schedule=schedule, backend=run.get("backend") or "local", learners=learners,
-                    mode=run.get("mode") or "decoupled", data=run.get("data") or "markov",
-                    trainer_args=list(trainer_args), duration=float(duration) if duration is not None else None,
-                    env=dict(env), learner_args={int(k): list(v) for k, v in learner_args.items()},
-                    warm_spares=warm_spares)
+    if spec.seed is not None and spec.seed != schedule.seed:
+        schedule = dataclasses.replace(schedule, seed=spec.seed)
+    return Recorded(schedule=schedule, spec=spec)
 
 
 def next_replay_dir(run_dir: str | Path) -> Path:
@@ -109,10 +93,7 @@ def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorde
     saved = {k: os.environ.get(k) for k in recorded.env}
     os.environ.update(recorded.env)  # the cluster's processes inherit it
     try:
-        return runner.run_schedule(recorded.schedule, out, backend=recorded.backend, learners=recorded.learners,
-                                   duration=recorded.duration, mode=recorded.mode, data=recorded.data,
-                                   trainer_args=recorded.trainer_args, learner_args=recorded.learner_args,
-                                   warm_spares=recorded.warm_spares if recorded.backend == "local" else 0,
+        return runner.run_schedule(recorded.schedule, out, recorded.on_backend(recorded.backend).spec,
                                    reference=reference)
     finally:
         for k, v in saved.items():

@@ -16,6 +16,7 @@ from faults import Schedule
 
 from trainer.events import read_events
 from trainer.metrics import summarize
+from trainer.runspec import RunSpec
 
 from .backends.base import Cluster
 from .checkers import RunView, Verdict, final_tokens, run_checkers, verdict_document
@@ -40,20 +41,27 @@ class RunResult:
         return self.document["passed"]
 
 
-def make_cluster(backend: str, run_dir: Path, learners: int, mode: str, data: str,
-                 trainer_args: list[str], learner_args: dict[int, list[str]] | None = None,
-                 warm_spares: int = 0) -> Cluster:
-    if backend == "local":
+def make_cluster(spec: RunSpec, run_dir: Path) -> Cluster:
+    """The cluster of `spec.backend` that runs `spec` in `run_dir`."""
+    if spec.backend == "local":
         from .backends.local import LocalCluster
-        return LocalCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
-                            learner_args=learner_args, warm_spares=warm_spares)
-    if warm_spares:
-        raise ValueError(f"warm_spares: only the local backend keeps warm spare processes, not {backend!r}")
-    if backend == "compose":
+        return LocalCluster(run_dir, spec=spec)
+    if spec.backend == "compose":
         from .backends.compose import ComposeCluster
-        return ComposeCluster(run_dir, learners=learners, mode=mode, data=data, trainer_args=trainer_args,
-                              learner_args=learner_args)
-    raise ValueError(f"--backend: unknown backend {backend!r} (known: local, compose)")
+        return ComposeCluster(run_dir, spec=spec)
+    raise ValueError(f"--backend: unknown backend {spec.backend!r} (known: local, compose)")
+
+
+def check_task(spec: RunSpec) -> None:
+    """Load the run's task and call each method once before anything starts: a broken task
+    is refused with its clear error (ValueError) and leaves no run directory behind."""
+    from trainer.config import TrainConfig
+    from trainer.task import TaskError, load_task, preflight, resolve_spec
+    try:
+        train = TrainConfig(task=resolve_spec(spec.task))
+        preflight(load_task(train.task, train.task_options(spec.data)), 0, spec.learners)
+    except TaskError as exc:
+        raise ValueError(str(exc) + (f"\n{exc.details}" if exc.details else "")) from None
 
 
 def wait_until_training(run_dir: Path, learners: int, timeout: float = WARMUP_TIMEOUT) -> None:
@@ -90,7 +98,7 @@ def syncer_final_eval(events: list[dict], data: str) -> dict | None:
     if not stopped:
         return None
     e = last[evals[-1]]
-    return {k: e.get(k) for k in ("final_loss", "loss_floor", "unigram_entropy", "data")}
+    return {k: e.get(k) for k in ("final_loss", "loss_floor", "unigram_entropy", "data", "metrics") if k in e}
 
 
 def final_loss(run_dir: Path, data: str) -> dict:
@@ -136,42 +144,40 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
     return RunResult(run_dir, verdicts, document, summary)
 
 
-def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", learners: int = 3,
-                 duration: float | None = None, mode: str = "decoupled", data: str = "markov",
-                 trainer_args: list[str] | None = None, checker_options: dict | None = None,
-                 learner_args: dict[int, list[str]] | None = None, evaluate: bool = True,
-                 warm_spares: int = 0, reference: str = "auto") -> RunResult:
-    """`reference`: "auto" compares the final loss with a fault-free run of the same
-    configuration (chaos/reference.py: cached, run after this one when missing), "off"
+def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
+                 checker_options: dict | None = None, evaluate: bool = True, reference: str = "auto",
+                 **settings) -> RunResult:
+    """Run `spec` (or a RunSpec of `settings`: backend=, learners=, task=, ...) under
+    `schedule`. `reference`: "auto" compares the final loss with a fault-free run of the
+    same configuration (chaos/reference.py: cached, run after this one when missing), "off"
     does not (nor does a run that is not evaluated)."""
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
-    schedule.validate(learners)
-    # Every refusal (a bad schedule, a fault the backend cannot apply, a cluster already
-    # running) comes before the run directory exists: a refused run leaves nothing behind.
-    cluster = make_cluster(backend, run_dir, learners, mode, data, trainer_args or [], learner_args, warm_spares)
+    spec = (spec or RunSpec()).replace(**settings) if settings else (spec or RunSpec())
+    spec = spec.replace(seed=schedule.seed, duration=spec.duration if spec.duration is not None
+                        else default_duration(schedule))
+    schedule.validate(spec.learners)
+    # Every refusal (a bad schedule or task, a fault the backend cannot apply, a cluster
+    # already running) comes before the run directory exists: a refused run leaves nothing behind.
+    cluster = make_cluster(spec, run_dir)
     problems = cluster.unsupported(schedule)
     if problems:
-        raise ValueError(f"backend {backend}: " + "; ".join(problems))
+        raise ValueError(f"backend {spec.backend}: " + "; ".join(problems))
+    check_task(spec)
     cluster.preflight()
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
-    (run_dir / "run.json").write_text(json.dumps({
-        "backend": backend, "learners": learners, "mode": mode, "data": data,
-        "trainer_args": trainer_args or [], "seed": schedule.seed,
-        "learner_args": {str(k): [str(a) for a in v] for k, v in sorted((learner_args or {}).items())},
-        "duration": duration if duration is not None else default_duration(schedule),
-        "warm_spares": warm_spares}, indent=2))
+    (run_dir / "run.json").write_text(json.dumps(spec.to_json(), indent=2))
     history = History(run_dir / HISTORY_FILE)
     try:
         # The checks measure a cold start-up on this machine from here (chaos/pace.py).
-        history.record(event="cluster_start", backend=backend, learners=learners)
+        history.record(event="cluster_start", backend=spec.backend, learners=spec.learners)
         cluster.start()
         if getattr(cluster, "leftovers", None):
             history.record(event="cleanup", killed=cluster.leftovers)
-        wait_until_training(run_dir, learners)
+        wait_until_training(run_dir, spec.learners)
         controller = Controller(cluster, schedule, history)
-        controller.run(duration if duration is not None else default_duration(schedule))
+        controller.run(spec.duration)
     finally:
         try:
             cluster.stop()
@@ -179,21 +185,16 @@ def run_schedule(schedule: Schedule, run_dir: Path, backend: str = "local", lear
             history.close()
     curve = None
     if reference == "auto" and evaluate:
-        curve = fault_free_reference(run_dir, backend, learners, duration if duration is not None
-                                     else default_duration(schedule), mode, data, trainer_args or [], learner_args,
-                                     warm_spares)
-    return evaluate_run(run_dir, learners, checker_options, data, evaluate, curve)
+        curve = fault_free_reference(run_dir, spec)
+    return evaluate_run(run_dir, spec.learners, checker_options, spec.data, evaluate, curve)
 
 
-def fault_free_reference(run_dir: Path, backend: str, learners: int, duration: float, mode: str, data: str,
-                         trainer_args: list[str], learner_args: dict[int, list[str]] | None,
-                         warm_spares: int) -> ReferenceCurve | None:
+def fault_free_reference(run_dir: Path, spec: RunSpec) -> ReferenceCurve | None:
     """The reference for this run's configuration (cached, or run now), recorded in run.json
     (`reference`); None, with the reason recorded, when none could be had."""
     try:
         tokens = final_tokens(RunView(read_events(run_dir), []))
-        curve = obtain_reference(backend, learners, duration, mode, data, trainer_args, learner_args, warm_spares,
-                                 tokens=tokens)
+        curve = obtain_reference(spec, tokens=tokens)
         note = curve.describe() if curve is not None else {"error": "the reference run sampled no global loss"}
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         curve, note = None, {"error": f"{type(exc).__name__}: {exc}"}

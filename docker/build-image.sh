@@ -48,7 +48,8 @@ base_image() {
 
 wheelhouse() {
     mkdir -p wheelhouse
-    python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+    # The project's dependencies and the `examples` extra, so the example tasks run in containers.
+    python3 -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; print("\n".join(p["dependencies"] + p["optional-dependencies"]["examples"]))' \
         > wheelhouse/requirements.txt
     log "collecting wheels into ./wheelhouse"
     # The host's pip config may name index folders that do not exist; pip says so per package.

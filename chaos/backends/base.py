@@ -8,6 +8,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from pathlib import Path
 
+from trainer.runspec import RunSpec
+
 from ..client import NotFound, ToxiproxyClient
 
 
@@ -39,21 +41,15 @@ class Cluster(ABC):
         """Stop cleanly: learners first (they push their residual progress), then the syncer."""
 
     # ----------------------------------------------------------- processes
-    learner_args: dict[int, list[str]]
+    spec: RunSpec = RunSpec()  # what runs: every backend starts its processes with the flags it gives
 
     def units(self) -> list[str]:
         """The syncer and the learner units: what a process or a container runs."""
         return ["syncer", *(f"learner-{i}" for i in range(1, self.learners + 1))]
 
     def ranks_of(self, learner: int) -> int:
-        """Ranks of learner-N's unit: its `--ranks` flag, 1 without one."""
-        args = [str(a) for a in getattr(self, "learner_args", {}).get(learner, [])]
-        for i, arg in enumerate(args):
-            if arg == "--ranks" and i + 1 < len(args):
-                return int(args[i + 1])
-            if arg.startswith("--ranks="):
-                return int(arg.split("=", 1)[1])
-        return 1
+        """Ranks of learner-N's unit, as its RunSpec says."""
+        return self.spec.ranks_of(learner)
 
     def services(self) -> list[str]:
         """Every fault target: the units, and each rank of a unit of several."""

@@ -25,6 +25,9 @@ from pathlib import Path
 import yaml
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
+from trainer.runspec import RunSpec
+from trainer.task import BUILTIN_TASKS
+
 from ..client import NotFound, ToxiproxyClient, Unreachable
 from .base import Cluster, UnknownTarget
 from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
@@ -79,19 +82,18 @@ def _image_present(client, image: str) -> bool:
         return False
 
 
+TASK_MOUNT = "/islands/task"  # where every container sees the user's task folder (read-only)
+
+
 class ComposeCluster(Cluster):
-    def __init__(self, run_dir: str | os.PathLike, learners: int = 3, mode: str = "decoupled",
-                 data: str = "markov", trainer_args: list[str] | None = None,
-                 learner_args: dict[int, list[str]] | None = None, project: str | None = None,
-                 compose_file: str | os.PathLike | None = None) -> None:
-        if learners < 1:
-            raise ValueError(f"learners: must be >= 1, got {learners}")
+    def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, project: str | None = None,
+                 compose_file: str | os.PathLike | None = None, **settings) -> None:
+        """`spec` is what runs; `settings` (learners=, mode=, task=, ...) make or amend one."""
+        self.spec = spec = (spec or RunSpec()).replace(backend="compose", **settings)
         self.run_dir = Path(run_dir).resolve()
-        self.learners = learners
-        self.mode = mode
-        self.data = data
-        self.trainer_args = list(trainer_args or [])
-        self.learner_args = learner_args or {}
+        self.learners = spec.learners
+        self.data = spec.data
+        self.learner_args = {i: list(a) for i, a in spec.learner_args.items()}
         self.project_name = project or os.environ.get(PROJECT_ENV, DEFAULT_PROJECT)
         self.compose_file = Path(compose_file) if compose_file else find_compose_file()
         self.image = os.environ.get(IMAGE_ENV, DEFAULT_IMAGE)
@@ -209,10 +211,12 @@ class ComposeCluster(Cluster):
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
         self.toxiproxy_port = _free_port()
-        data = self._container_data()
-        # --eval-data: the syncer samples Θ's held-out loss (global_eval), as the local backend's does.
-        syncer_args = ["--mode", self.mode, "--eval-data", data, *self.trainer_args]
-        learner_args = ["--mode", self.mode, "--data", data]
+        task_dir, task = self._container_task()
+        # The containers' view of the spec: data and task at their paths inside. Per-learner
+        # flags go into each learner's command (_learner_overrides), not this shared list.
+        inside = self.spec.replace(data=self._container_data(), task=task, learner_args={})
+        syncer_args = inside.syncer_flags()[2:]  # --learners comes from ISLANDS_LEARNERS
+        learner_args = inside.learner_flags(1)
         for args in (syncer_args, learner_args):
             if any(not a or any(ch.isspace() for ch in a) for a in args):
                 raise ValueError(f"trainer_args: the compose backend passes flags split on spaces; "
@@ -220,7 +224,17 @@ class ComposeCluster(Cluster):
         return {"ISLANDS_SECRET": secret_file.read_text().strip(), "ISLANDS_RUN_DIR": str(self.run_dir),
                 "ISLANDS_LEARNERS": str(self.learners), "ISLANDS_SYNCER_ARGS": " ".join(syncer_args),
                 "ISLANDS_LEARNER_ARGS": " ".join(learner_args), "TOXIPROXY_PORT": str(self.toxiproxy_port),
-                "ISLANDS_IMAGE": self.image}
+                "ISLANDS_IMAGE": self.image, "ISLANDS_TASK_DIR": task_dir, "ISLANDS_TASK": task,
+                **self.spec.env}
+
+    def _container_task(self) -> tuple[str, str]:
+        """(the host folder mounted read-only at TASK_MOUNT, the task as the containers name
+        it): a task file's folder, mounted whole so the task may import its neighbours."""
+        if self.spec.task in BUILTIN_TASKS or ".py:" not in self.spec.task:
+            return str(self.compose_file.parent / "examples" / "tasks"), self.spec.task  # built-in or a module
+        path, _, name = self.spec.task.rpartition(":")
+        host = Path(path).resolve()
+        return str(host.parent), f"{TASK_MOUNT}/{host.name}:{name}"
 
     def _container_data(self) -> str:
         """A data file on the host is copied into the run dir, which the learners mount."""

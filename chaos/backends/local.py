@@ -18,6 +18,8 @@ from pathlib import Path
 from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
+from trainer.runspec import RunSpec
+
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
 
@@ -27,20 +29,13 @@ STOP_TIMEOUT = 20.0
 
 
 class LocalCluster(Cluster):
-    def __init__(self, run_dir: str | os.PathLike, learners: int = 3, mode: str = "decoupled",
-                 data: str = "markov", trainer_args: list[str] | None = None,
-                 toxiproxy_url: str | None = None, name: str = "islands",
-                 learner_args: dict[int, list[str]] | None = None, warm_spares: int = 0) -> None:
-        if learners < 1:
-            raise ValueError(f"learners: must be >= 1, got {learners}")
-        if warm_spares < 0:
-            raise ValueError(f"warm_spares: must be >= 0, got {warm_spares}")
+    def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, toxiproxy_url: str | None = None,
+                 name: str = "islands", **settings) -> None:
+        """`spec` is what runs; `settings` (learners=, mode=, task=, ...) make or amend one."""
+        self.spec = spec = (spec or RunSpec()).replace(backend="local", **settings)
         self.run_dir = Path(run_dir)
-        self.learners = learners
-        self.mode = mode
-        self.data = data
-        self.trainer_args = list(trainer_args or [])
-        self.learner_args = learner_args or {}
+        self.learners = spec.learners
+        self.learner_args = {i: list(a) for i, a in spec.learner_args.items()}
         self.toxiproxy_url = toxiproxy_url if toxiproxy_url is not None else os.environ.get("TOXIPROXY_URL")
         self.registry = Registry(name)
         self._server = None
@@ -50,7 +45,7 @@ class LocalCluster(Cluster):
         self.proxy_ports: dict[str, int] = {}
         self.procs: dict[str, ManagedProcess] = {}
         self.leftovers: list[str] = []
-        self.warm_spares = warm_spares
+        self.warm_spares = spec.warm_spares
         self.spares: SparePool | None = None
 
     # ----------------------------------------------------------- lifecycle
@@ -61,7 +56,8 @@ class LocalCluster(Cluster):
         if not secret_file.exists():
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
-        self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        self.env = dict(os.environ, **self.spec.env, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1",
+                        OMP_NUM_THREADS="1")
         self._start_spares()
         self._start_toxiproxy()
         # Every process imports torch (3-4 s of CPU): start them together, not the learners
@@ -127,8 +123,7 @@ class LocalCluster(Cluster):
         return self._spawn("syncer", [
             sys.executable, "-m", "trainer", "syncer", "--state-dir", str(self.run_dir / "state"),
             "--run-dir", str(self.run_dir), "--address-file", str(address_file), "--host", "127.0.0.1",
-            "--port", str(self.syncer_port), "--learners", str(self.learners), "--mode", self.mode,
-            "--eval-data", self.data, *self.trainer_args])
+            "--port", str(self.syncer_port), *self.spec.syncer_flags()])
 
     def _wait_syncer_listening(self, proc: ManagedProcess) -> None:
         address_file = self.run_dir / "syncer.json"
@@ -146,8 +141,7 @@ class LocalCluster(Cluster):
         port = self.proxy_ports[f"learner-{i}"]
         self._spawn(f"learner-{i}", [
             sys.executable, "-m", "trainer", "learner", "--learner", str(i), "--connect", f"127.0.0.1:{port}",
-            "--run-dir", str(self.run_dir), "--data", self.data, "--mode", self.mode,
-            *self.learner_args.get(i, [])])
+            "--run-dir", str(self.run_dir), *self.spec.learner_flags(i)])
 
     def stop(self) -> None:
         """Heal the links, SIGTERM learners (they push what is left), then the syncer."""

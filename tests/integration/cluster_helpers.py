@@ -7,13 +7,13 @@ from typing import Callable
 
 from trainer.events import read_events
 from trainer.launch import ClusterSpec, LocalCluster
+from trainer.runspec import RunSpec
 
 
 def make_cluster(run_dir: Path, learners: int = 3, mode: str = "decoupled", extra: list[str] | None = None,
                  start_learners: int | None = None) -> LocalCluster:
     flags = ["--mode", mode, "--sync-every", "10", "--grace", "0.5", *(extra or [])]
-    cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=learners, mode=mode, data="markov",
-                                       syncer_flags=flags))
+    cluster = LocalCluster(ClusterSpec(run_dir, RunSpec(learners=learners, mode=mode, trainer_args=flags[2:])))
     cluster.start_syncer()
     for i in range(1, (start_learners if start_learners is not None else learners) + 1):
         cluster.start_learner(i)

@@ -251,13 +251,12 @@ def test_step_time_paces_every_step_and_sets_the_fault_free_rate(run_dir: Path) 
     """--step-time T: an emulated accelerator. No step starts sooner than T after the one
     before, and goodput's capacity takes tokens per step / T as the learner's rate."""
     from trainer.launch import ClusterSpec, LocalCluster
+    from trainer.runspec import RunSpec
     from trainer.metrics import learner_rates
 
     step_time = 0.05  # the small model's step computes in ~6 ms: the pacing, not the CPU, sets the rate
-    cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=2, mode="decoupled", data="markov",
-                                       syncer_flags=["--mode", "decoupled", "--sync-every", "10", "--grace", "0.5",
-                                                     *SMALL_MODEL],
-                                       learner_flags=["--step-time", str(step_time)]))
+    run = RunSpec(learners=2, trainer_args=["--sync-every", "10", "--grace", "0.5", *SMALL_MODEL])
+    cluster = LocalCluster(ClusterSpec(run_dir, run.with_learner_flags(["--step-time", str(step_time)])))
     cluster.start()
     try:
         events = wait_for(run_dir, "both learners to make 40 inner steps",

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from trainer.launch import ClusterSpec, LocalCluster
+from trainer.runspec import RunSpec
 
 from .cluster_helpers import merges, wait_for
 
@@ -36,9 +37,8 @@ def _steps(events: list[dict], learner: int) -> list[dict]:
 
 def _train(run_dir: Path, mode: str, speeds: dict[int, float]) -> list[dict]:
     """Run two learners until learner-1 has made its measured steps; the events of the run."""
-    cluster = LocalCluster(ClusterSpec(run_dir=run_dir, learners=2, mode=mode, data="markov",
-                                       syncer_flags=["--mode", mode, *FAST], speeds=speeds,
-                                       learner_flags=["--slowdown", "spin"]))
+    run = RunSpec(learners=2, mode=mode, trainer_args=FAST).with_learner_flags(["--slowdown", "spin"])
+    cluster = LocalCluster(ClusterSpec(run_dir, run, speeds=speeds))
     try:
         cluster.start()
         wait_for(run_dir, f"learner-1 to make {WARMUP_STEPS + MEASURED_STEPS} {mode} steps",

@@ -777,6 +777,19 @@ def test_finite_fails_on_a_non_finite_final_state():
     assert verdict.evidence["final_finite"] is False
 
 
+def test_task_healthy_passes_without_task_errors_and_fails_naming_learner_and_error():
+    from chaos.checkers import check_task_healthy
+    assert check_task_healthy(view(training(10.0))).status == PASS
+    error = "task /t.py:task: task.loss returned nan at step 31"
+    events = training(10.0) + [ev(4.0, "task_error", "learner-2", 2, method="loss", error=error),
+                               ev(7.0, "task_error", "learner-2", 2, method="loss", error=error)]
+    verdict = check_task_healthy(view(events))
+    assert verdict.status == FAIL
+    assert "2 time(s) on learner(s) 2" in verdict.detail and error in verdict.detail
+    assert "logs/learner-2.log" in verdict.detail
+    assert [e["method"] for e in verdict.evidence["task_errors"]] == ["loss", "loss"]
+
+
 @pytest.mark.parametrize("loss", ["nan", "inf", "-inf", float("nan"), float("inf")])
 def test_finite_fails_on_a_non_finite_loss_naming_the_learner(loss):
     """EventLog writes NaN/Inf as strings; either form of a non-finite loss fails, naming learner and time."""

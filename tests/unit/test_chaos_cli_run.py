@@ -22,8 +22,10 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
     """Stand in for run_schedule: record what would have started."""
     calls: list[dict] = []
 
-    def fake_run_schedule(schedule, run_dir, **kwargs):
-        calls.append({"schedule": schedule, "run_dir": run_dir, **kwargs})
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        calls.append({"schedule": schedule, "run_dir": run_dir, "spec": spec, "reference": reference,
+                      **settings})
         raise RuntimeError("stand-in: no cluster in unit tests")
 
     monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
@@ -32,14 +34,14 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def test_the_schedules_learners_sets_the_cluster_size(started: list[dict], tmp_path: Path) -> None:
     assert main(["run", str(QUICK), "--out", str(tmp_path / "run")]) == 1
-    assert started[-1]["learners"] == 2, "quick.yaml says learners: 2, so the run starts 2"
+    assert started[-1]["spec"].learners == 2, "quick.yaml says learners: 2, so the run starts 2"
 
 
 def test_without_learners_anywhere_the_run_starts_three(started: list[dict], tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("seed: 1\nfaults:\n- {kind: pause, at: 1, duration: 1, target: learner-3}\n")
     assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 1
-    assert started[-1]["learners"] == 3
+    assert started[-1]["spec"].learners == 3
 
 
 def test_learners_that_disagree_with_the_schedule_is_an_error_naming_both(
@@ -59,6 +61,24 @@ def test_a_rank_target_without_ranks_is_refused_before_the_run_dir_exists(
     assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
     assert "no such target 'learner-2/rank-3'" in capsys.readouterr().err
     assert not started and not (tmp_path / "run").exists()
+
+
+def test_a_rank_target_of_a_learners_own_ranks_reaches_the_run(started: list[dict], tmp_path: Path) -> None:
+    path = tmp_path / "rank.yaml"
+    path.write_text("seed: 1\nlearners: 2\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-2/rank-3}\n")
+    assert main(["run", str(path), "--learner-args", "2:--ranks 4", "--out", str(tmp_path / "run")]) == 1
+    spec = started[-1]["spec"]
+    assert spec.learner_args == {2: ("--ranks", "4")} and (spec.ranks_of(1), spec.ranks_of(2)) == (1, 4)
+
+
+def test_a_rank_target_a_learners_own_ranks_lack_is_refused_before_the_run_dir_exists(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The real run_schedule: the cluster checks each rank target against its own unit."""
+    path = tmp_path / "rank.yaml"
+    path.write_text("seed: 1\nlearners: 2\nfaults:\n- {kind: kill, at: 1, duration: 2, target: learner-2/rank-3}\n")
+    assert main(["run", str(path), "--learner-args", "2:--ranks 2", "--out", str(tmp_path / "run")]) == 2
+    assert "faults[0].target: learner-2 runs 2 rank(s), so 'learner-2/rank-3' does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_fault_the_backend_cannot_apply_leaves_no_run_dir(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

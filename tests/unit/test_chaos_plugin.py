@@ -14,13 +14,19 @@ from pathlib import Path
 
 import pytest
 
+import trainer.task  # noqa: F401  (imports torch; see below)
 from chaos import pytest_plugin as plugin
 from chaos.replay import ReplayError, load_recorded, next_replay_dir
+from chaos.runner import default_duration
 from faults import Pause, Schedule
+from trainer.runspec import RunSpec
 
 pytest_plugins = ["pytester"]
 
 ROOT = Path(__file__).resolve().parents[2]
+# The plugin resolves a session's task through trainer.task, which imports torch. An inner
+# session that imported it first would have it unloaded by pytester afterwards (it restores
+# sys.modules), and torch cannot be imported twice in one process: import it out here.
 # Block the entry point's name, then load the module by name: works whether or not the
 # `islands` pytest11 entry point is installed.
 PLUGIN_ARGS = ("-p", "no:islands", "-p", "chaos.pytest_plugin", "-p", "no:cacheprovider")
@@ -34,19 +40,18 @@ import pytest
 import chaos.runner
 from chaos.checkers import Verdict, verdict_document
 from chaos.runner import RunResult
+from trainer.runspec import RunSpec
 
 CALLS = []
 
 
-def fake_run_schedule(schedule, run_dir, backend="local", learners=3, duration=None, mode="decoupled",
-                      data="markov", trainer_args=None, checker_options=None, learner_args=None, warm_spares=0,
-                      reference="auto"):
-    CALLS.append(dict(schedule=schedule, run_dir=run_dir, backend=backend, learners=learners,
-                      duration=duration, mode=mode, data=data, trainer_args=trainer_args, warm_spares=warm_spares,
-                      reference=reference))
+def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                      **settings):
+    spec = (spec or RunSpec()).replace(**settings)
+    CALLS.append(dict(schedule=schedule, run_dir=run_dir, spec=spec, reference=reference))
     run_dir.mkdir(parents=True, exist_ok=True)
     schedule.dump(run_dir / "schedule.yaml")
-    (run_dir / "run.json").write_text(json.dumps({"backend": backend, "learners": learners}))
+    (run_dir / "run.json").write_text(json.dumps({"backend": spec.backend, "learners": spec.learners}))
     (run_dir / "events").mkdir(exist_ok=True)
     (run_dir / "events" / "syncer.jsonl").write_text('{"t": 1.0, "kind": "merge"}\n')
     (run_dir / "history.jsonl").write_text('{"t": 1.0, "event": "begin"}\n')
@@ -88,9 +93,9 @@ class FakeCluster:
 CLUSTERS = []
 
 
-def fake_make_cluster(backend, run_dir, learners, mode, data, trainer_args, learner_args=None, warm_spares=0):
-    CLUSTERS.append(FakeCluster(run_dir, learners))
-    CLUSTERS[-1].warm_spares = warm_spares
+def fake_make_cluster(spec, run_dir):
+    CLUSTERS.append(FakeCluster(run_dir, spec.learners))
+    CLUSTERS[-1].spec, CLUSTERS[-1].warm_spares = spec, spec.warm_spares
     return CLUSTERS[-1]
 
 
@@ -218,8 +223,10 @@ def test_failing_chaos_marker_writes_artifacts_and_prints_the_replay_command(pyt
 
         def test_the_fake_got_the_marker_settings():
             call, = conftest.CALLS
-            assert call["learners"] == 2 and call["backend"] == "local" and call["mode"] == "decoupled"
-            assert call["trainer_args"] == ["--grace", "1"] and call["duration"] is None
+            spec = call["spec"]
+            assert spec.learners == 2 and spec.backend == "local" and spec.mode == "decoupled"
+            assert spec.trainer_args == ("--grace", "1") and spec.duration is None
+            assert spec.task == "gpt" and spec.warm_spares == 0 and call["reference"] == "auto"
             assert call["schedule"].seed == 99, "--chaos-seed overrides the schedule's seed"
             assert call["run_dir"].name == "run"
     """)
@@ -238,7 +245,11 @@ def test_failing_chaos_marker_writes_artifacts_and_prints_the_replay_command(pyt
     assert command in (dest / "REPLAY.txt").read_text()
     assert Schedule.load(dest / "schedule.yaml").seed == 99
     recorded = load_recorded(dest)  # the artifacts dir is replayable
-    assert recorded.learners == 2 and recorded.trainer_args == ["--grace", "1"] and recorded.schedule.seed == 99
+    assert recorded.learners == 2 and recorded.trainer_args == ("--grace", "1") and recorded.schedule.seed == 99
+    # run.json is the whole RunSpec, with the seed and the duration the run had.
+    assert json.loads((dest / "run.json").read_text()) == RunSpec(
+        learners=2, trainer_args=["--grace", "1"], seed=99,
+        duration=default_duration(Schedule.load(dest / "schedule.yaml"))).to_json()
 
 
 def test_passing_chaos_marker_passes_and_leaves_no_artifacts(pytester: pytest.Pytester) -> None:
@@ -355,6 +366,30 @@ def test_record_failure_artifacts_for_tests_that_run_on_their_own(pytester: pyte
     assert recorded.duration == 21.5 and recorded.mode == "sync" and recorded.env == {"ISLANDS_DEFECT": "drop-acks"}
 
 
+@pytest.mark.parametrize("run_json, backend", [(None, "compose"), ('{"mode": "sync"}', "compose"),
+                                               ('{"backend": "local"}', "local")])
+def test_record_failure_artifacts_takes_the_sessions_backend_unless_run_json_names_one(
+        pytester: pytest.Pytester, run_json: str | None, backend: str) -> None:
+    pytester.makepyfile(test_own=f"""
+        from chaos.pytest_plugin import record_failure_artifacts
+        from faults import Schedule
+
+        def test_own_run(request, tmp_path):
+            run_dir = tmp_path / "run-1"
+            run_dir.mkdir()
+            if {run_json!r} is not None:
+                (run_dir / "run.json").write_text({run_json!r})
+            record_failure_artifacts(request, run_dir, Schedule(seed=5, faults=()), 2)
+            raise AssertionError("the run failed")
+    """)
+    artifacts = pytester.path / "arts"
+    result = run_inner(pytester, "--chaos-artifacts", str(artifacts), "--chaos-backend", "compose")
+    result.assert_outcomes(failed=1)
+    dest = artifacts / "test_own.py__test_own_run"
+    assert f"python -m chaos run {dest / 'schedule.yaml'} --backend {backend} --learners 2" in result.stdout.str()
+    assert load_recorded(dest).backend == backend
+
+
 def test_non_chaos_failures_leave_no_artifacts(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_plain="def test_fails(): assert False")
     result = run_inner(pytester, "--chaos-artifacts", "arts")
@@ -379,7 +414,7 @@ def test_chaos_session_verdicts_see_only_the_last_run(tmp_path: Path) -> None:
         def resume(self, target):
             pass
 
-    record = plugin.RunRecord(tmp_path, 2)
+    record = plugin.RunRecord(tmp_path, RunSpec(learners=2))
     session = plugin.ChaosSession(Quiet(), record, seed=42)
     assert session.replay_command() is None
     session.run(Schedule(seed=1, faults=(Pause(at=0.0, duration=0.01, target="learner-1"),)), duration=0.02)
@@ -444,9 +479,10 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     calls = []
     outcome = {"status": "pass"}
 
-    def fake_run_schedule(schedule, run_dir, **kwargs):
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
         assert os.environ.get("ISLANDS_DEFECT") == "slow-merge"
-        calls.append((schedule, run_dir, kwargs))
+        calls.append((schedule, run_dir, {"spec": spec, "reference": reference, **settings}))
         run_dir.mkdir(parents=True)
         verdicts = [Verdict("progress", outcome["status"], "merges every 2 s")]
         return chaos.runner.RunResult(run_dir, verdicts, verdict_document(verdicts), {})
@@ -459,8 +495,9 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     schedule, out, kwargs = calls[-1]
     assert out == tmp_path / "run-replay-1"
     assert schedule.seed == 9 and schedule.faults == Schedule.load(run_dir / "schedule.yaml").faults
-    assert kwargs == {"backend": "local", "learners": 2, "duration": 12.5, "mode": "sync", "data": "markov",
-                      "trainer_args": ["--grace", "1"], "learner_args": {}, "warm_spares": 0, "reference": "auto"}
+    assert kwargs == {"spec": RunSpec(backend="local", learners=2, duration=12.5, mode="sync", data="markov",
+                                      trainer_args=["--grace", "1"], seed=9, env={"ISLANDS_DEFECT": "slow-merge"}),
+                      "reference": "auto"}
     printed = capsys.readouterr().out
     assert "verdict: PASS" in printed and "PASS    progress" in printed
 
@@ -551,11 +588,12 @@ def test_streaming_reaches_the_marker_the_cluster_fixture_and_the_replay_command
             pass
 
         def test_cluster(cluster, chaos):
-            assert chaos.record.trainer_args == STREAMING
+            assert chaos.record.spec.trainer_args == tuple(STREAMING)
+            assert conftest.CLUSTERS[-1].spec.trainer_args == tuple(STREAMING)
 
         def test_the_fake_got_the_streaming_args():
             call, = conftest.CALLS
-            assert call["trainer_args"] == ["--sync-every", "12", *STREAMING]
+            assert call["spec"].trainer_args == ("--sync-every", "12", *STREAMING)
     """)
     artifacts = pytester.path / "arts"
     result = run_inner(pytester, "--chaos-artifacts", str(artifacts), "--chaos-streaming", "-p", "no:randomly")
@@ -564,21 +602,21 @@ def test_streaming_reaches_the_marker_the_cluster_fixture_and_the_replay_command
     command = (f"python -m chaos run {dest / 'schedule.yaml'} --backend local --learners 2 -- --sync-every 12 "
                "--fragments 4 --encoding int4 --overlap 1")
     assert command in result.stdout.str()
-    assert load_recorded(dest).trainer_args == ["--sync-every", "12", *STREAMING]
+    assert load_recorded(dest).trainer_args == ("--sync-every", "12", *STREAMING)
 
 
 
 def test_replay_keeps_the_recorded_learner_flags(tmp_path: Path) -> None:
     from chaos.replay import load_recorded
     run_dir = write_run_dir(tmp_path / "run", learner_args={"1": ["--ranks", "2"]})
-    assert load_recorded(run_dir).learner_args == {1: ["--ranks", "2"]}
+    assert load_recorded(run_dir).learner_args == {1: ("--ranks", "2")}
 
 
 def test_replay_keeps_the_recorded_warm_spares_and_refuses_a_bad_count(tmp_path: Path) -> None:
     from chaos.replay import ReplayError, load_recorded
     assert load_recorded(write_run_dir(tmp_path / "a", warm_spares=2)).warm_spares == 2
     assert load_recorded(write_run_dir(tmp_path / "b")).warm_spares == 0, "older run.json files have none"
-    with pytest.raises(ReplayError, match="warm_spares: expected an integer >= 0, got -1"):
+    with pytest.raises(ReplayError, match=r"run\.json: warm_spares: must be >= 0, got -1"):
         load_recorded(write_run_dir(tmp_path / "c", warm_spares=-1))
 
 
@@ -589,25 +627,59 @@ def test_replay_refuses_bad_learner_flags_naming_the_field(tmp_path: Path) -> No
         load_recorded(run_dir)
 
 
-def test_replay_command_of_units_of_several_ranks() -> None:
-    from chaos.pytest_plugin import RunRecord, _uniform_ranks, replay_command
-    record = RunRecord(Path("/r"), 2, ranks=2)
-    assert "--learners 2 --ranks 2" in replay_command("s.yaml", record)
-    assert record.run_json()["learner_args"] == {"1": ["--ranks", "2"], "2": ["--ranks", "2"]}
-    assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--ranks", "3"]}) == 3
-    assert _uniform_ranks({"1": ["--ranks", "3"]}) == 3
-    assert _uniform_ranks({"1": ["--ranks", "3"], "2": ["--threads", "1"]}) == 1
-    assert _uniform_ranks(None) == 1
+def _rerun(command: str, monkeypatch: pytest.MonkeyPatch, cwd: Path) -> RunSpec:
+    """The RunSpec `chaos run` builds from a printed replay command (run_schedule faked)."""
+    import shlex
+
+    import chaos.runner
+    from chaos.__main__ import main
+
+    specs: list[RunSpec] = []
+
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        specs.append((spec or RunSpec()).replace(**settings))
+        raise RuntimeError("stand-in: no cluster in unit tests")
+
+    monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
+    monkeypatch.chdir(cwd)
+    argv = shlex.split(command)
+    assert argv[:3] == ["python", "-m", "chaos"]
+    assert main(argv[3:]) == 1 and len(specs) == 1, "the replay command was refused"
+    return specs[0]
+
+
+def test_replay_command_of_units_of_several_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from chaos.pytest_plugin import RunRecord, replay_command
+    schedule = tmp_path / "s.yaml"
+    Schedule(seed=3, faults=(Pause(at=1.0, duration=1.0, target="learner-2/rank-1"),)).dump(schedule)
+    record = RunRecord(Path("/r"), RunSpec(learners=2, ranks=2))
+    command = replay_command(schedule, record)
+    assert f"python -m chaos run {schedule} --backend local --learners 2 --ranks 2" == command
+    assert record.run_json()["ranks"] == 2 and record.run_json()["learner_args"] == {}
+    assert _rerun(command, monkeypatch, tmp_path) == record.spec, "the command reruns the same spec"
+    # A run.json of per-learner --ranks (as `chaos run --ranks` wrote them before RunSpec had
+    # ranks) keeps them, and its replay command gives each learner its own.
+    old = RunSpec.from_json({"learners": 2, "learner_args": {"1": ["--ranks", "3"], "2": ["--ranks", "3"]}})
+    assert (old.ranks, old.ranks_of(1), old.ranks_of(2)) == (1, 3, 3)
+    command = replay_command(schedule, RunRecord(Path("/r"), old))
+    assert command == (f"python -m chaos run {schedule} --backend local --learners 2 "
+                       "'--learner-args=1:--ranks 3' '--learner-args=2:--ranks 3'")
+    assert _rerun(command, monkeypatch, tmp_path) == old
 
 
 def test_warm_spares_reach_run_json_and_the_replay_command_on_the_local_backend_only() -> None:
     from chaos.pytest_plugin import ChaosOptions, RunRecord, replay_command
-    record = RunRecord(Path("/r"), 2, warm_spares=2)
+    record = RunRecord(Path("/r"), RunSpec(learners=2, warm_spares=2))
     assert "--learners 2 --warm-spares 2" in replay_command("s.yaml", record)
     assert record.run_json()["warm_spares"] == 2
-    assert "warm_spares" not in RunRecord(Path("/r"), 2).run_json()
+    cold = RunRecord(Path("/r"), RunSpec(learners=2))
+    assert cold.run_json()["warm_spares"] == 0, "run.json holds every RunSpec key"
+    assert "--warm-spares" not in replay_command("s.yaml", cold)
     options = ChaosOptions(warm_spares=3)
     assert options.spares_for("local") == 3 and options.spares_for("compose") == 0
+    assert options.spec().warm_spares == 3
+    assert ChaosOptions(backend="compose", warm_spares=3).spec().warm_spares == 0
 
 
 def test_the_warm_spares_option_parses_and_refuses_a_negative_count(pytester: pytest.Pytester) -> None:
@@ -630,8 +702,9 @@ def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path
 
     calls = []
 
-    def fake_run_schedule(schedule, run_dir, **kwargs):
-        calls.append((schedule, run_dir, kwargs))
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        calls.append((schedule, run_dir, {"spec": spec, "reference": reference, **settings}))
         verdicts = [Verdict("progress", "pass", "ok")]
         return chaos.runner.RunResult(run_dir, verdicts, verdict_document(verdicts), {})
 
@@ -639,8 +712,11 @@ def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path
     assert main(["demo", "--out", str(tmp_path / "demo")]) == 0
     schedule, out, kwargs = calls[-1]
     assert out == tmp_path / "demo" and len(schedule.faults) == 3
-    assert kwargs["backend"] == "local" and kwargs["learners"] == 3 and kwargs["learner_args"] is None
-    assert kwargs["warm_spares"] == 1, "the demo's killed learner comes back from a warm spare"
+    spec = kwargs.pop("spec")
+    assert kwargs == {"reference": "auto"}
+    assert spec.backend == "local" and spec.learners == 3 and spec.learner_args == {} and spec.ranks == 1
+    assert (spec.mode, spec.task, spec.device, spec.data) == ("decoupled", "gpt", "auto", "markov")
+    assert spec.warm_spares == 1, "the demo's killed learner comes back from a warm spare"
 
 
 def test_replay_reference_off_reaches_run_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -651,8 +727,9 @@ def test_replay_reference_off_reaches_run_schedule(tmp_path: Path, monkeypatch: 
 
     seen = []
 
-    def fake_run_schedule(schedule, run_dir, **kwargs):
-        seen.append(kwargs["reference"])
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        seen.append(reference)
         run_dir.mkdir(parents=True)
         verdicts = [Verdict("progress", "pass", "ok")]
         return chaos.runner.RunResult(run_dir, verdicts, verdict_document(verdicts), {})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +14,7 @@ from chaos import reference as ref
 from chaos.checkers import FAIL, PASS, REFERENCE_MARGIN, check_final_loss
 from chaos.reference import ReferenceCurve
 from chaos.runner import with_reference
+from trainer.runspec import RunSpec
 
 from .test_chaos_checkers import evaluation, global_eval, view
 
@@ -40,17 +42,30 @@ def test_best_by_is_the_running_minimum_so_a_spike_in_the_reference_excuses_noth
 
 
 def test_the_key_changes_with_what_decides_the_curve_but_not_with_the_order_of_learner_args():
-    base = ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]})
+    spec = RunSpec(learners=2, trainer_args=["--sync-every", "10"], learner_args={1: ["--ranks", "2"]})
+    base = ref.settings_for(spec)
     assert base["trainer"] == ref.trainer_digest() and len(base["trainer"]) == 16
+    assert set(base) == {f.name for f in fields(RunSpec)} - set(ref.NOT_IN_KEY) | {"trainer"}
     key = ref.reference_key(base)
-    assert key == ref.reference_key(ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"],
-                                                     {1: ["--ranks", "2"]}))
-    for other in (ref.settings_for(3, "decoupled", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]}),
-                  ref.settings_for(2, "sync", "markov", ["--sync-every", "10"], {1: ["--ranks", "2"]}),
-                  ref.settings_for(2, "decoupled", "markov", ["--sync-every", "20"], {1: ["--ranks", "2"]}),
-                  ref.settings_for(2, "decoupled", "markov", ["--sync-every", "10"], None),
+    assert key == ref.reference_key(ref.settings_for(RunSpec(learners=2, trainer_args=["--sync-every", "10"],
+                                                             learner_args={1: ["--ranks", "2"]})))
+    both = {1: ["--ranks", "2"], 2: ["--speed", "0.5"]}
+    assert ref.reference_key(ref.settings_for(spec.replace(learner_args=both))) == ref.reference_key(
+        ref.settings_for(spec.replace(learner_args=dict(reversed(both.items())))))
+    for other in (ref.settings_for(spec.replace(learners=3)),
+                  ref.settings_for(spec.replace(mode="sync", learner_args={})),
+                  ref.settings_for(spec.replace(trainer_args=["--sync-every", "20"])),
+                  ref.settings_for(spec.replace(learner_args={})),
+                  ref.settings_for(spec.replace(ranks=2)),
+                  ref.settings_for(spec.replace(task="examples/tasks/digits.py:Digits")),
+                  ref.settings_for(spec.replace(device="cpu")),
+                  ref.settings_for(spec.replace(data="markov:seed=3")),
                   {**base, "trainer": "0" * 16}):
         assert ref.reference_key(other) != key
+    # Where and how long a run goes, and its faults' seed, do not decide a fault-free curve.
+    for same in (spec.replace(backend="compose"), spec.replace(duration=90.0), spec.replace(warm_spares=2),
+                 spec.replace(seed=7), spec.replace(env={"ISLANDS_X": "1"})):
+        assert ref.reference_key(ref.settings_for(same)) == key
 
 
 def test_a_cached_reference_is_used_only_if_it_ran_long_enough_or_far_enough(home: Path):
@@ -67,8 +82,10 @@ def test_a_cached_reference_is_used_only_if_it_ran_long_enough_or_far_enough(hom
 
 def fake_run(calls: list[dict], loss_at_end: float = 1.9):
     """A run_schedule stand-in that writes a fault-free run's global_eval events and eval."""
-    def run_schedule(schedule, run_dir, **kwargs):
-        calls.append({"faults": len(schedule.faults), "defect": os.environ.get("ISLANDS_SYNCER_DEFECT"), **kwargs})
+    def run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                     **settings):
+        calls.append({"faults": len(schedule.faults), "defect": os.environ.get("ISLANDS_SYNCER_DEFECT"),
+                      "spec": spec, "reference": reference, **settings})
         events = Path(run_dir) / "events"
         events.mkdir(parents=True)
         rows = [global_eval(0.0, 0, 5.5, tokens=0.0, reason="start"), global_eval(5.0, 5, 2.5),
@@ -82,19 +99,22 @@ def test_obtain_runs_a_fault_free_run_once_then_uses_the_cache(monkeypatch: pyte
     calls: list[dict] = []
     monkeypatch.setattr("chaos.runner.run_schedule", fake_run(calls))
     monkeypatch.setenv("ISLANDS_SYNCER_DEFECT", "double_apply")
-    args = ("compose", 2, 22.0, "decoupled", "markov", ["--sync-every", "10"], None)
-    curve = ref.obtain(*args)
+    spec = RunSpec(backend="compose", learners=2, duration=22.0, trainer_args=["--sync-every", "10"], seed=5,
+                   env={"ISLANDS_X": "1"})
+    curve = ref.obtain(spec)
     assert curve is not None and curve.points == ((0.0, 5.5), (51200.0, 2.5), (102400.0, 1.9))
     assert curve.duration == 30.0  # rounded up to the grid
-    assert calls == [{"faults": 0, "defect": None, "backend": "local", "learners": 2, "duration": 30.0,
-                      "mode": "decoupled", "data": "markov", "trainer_args": ["--sync-every", "10"],
-                      "learner_args": None, "reference": "off"}]
+    # The same spec, run locally, for the grid's duration, with no spares and no environment of its own.
+    assert calls == [{"faults": 0, "defect": None,
+                      "spec": RunSpec(backend="local", learners=2, duration=30.0, mode="decoupled", data="markov",
+                                      trainer_args=["--sync-every", "10"], seed=5),
+                      "reference": "off"}]
     assert os.environ["ISLANDS_SYNCER_DEFECT"] == "double_apply"  # given back
-    assert ref.obtain(*args).points == curve.points
+    assert ref.obtain(spec).points == curve.points
     assert len(calls) == 1  # cached
-    ref.obtain("local", 2, 45.0, "decoupled", "markov", ["--sync-every", "10"], None, tokens=90000.0)
+    ref.obtain(spec.replace(backend="local", duration=45.0), tokens=90000.0)
     assert len(calls) == 1  # longer than the cached one, but it merged those tokens
-    ref.obtain("local", 2, 45.0, "decoupled", "markov", ["--sync-every", "10"], None)
+    ref.obtain(spec.replace(backend="local", duration=45.0))
     assert len(calls) == 2  # longer than the cached one
 
 
@@ -140,13 +160,14 @@ def test_the_run_records_which_reference_it_was_judged_against(tmp_path: Path, m
 
     (tmp_path / "run.json").write_text(json.dumps({"learners": 2}))
     monkeypatch.setattr(runner, "obtain_reference", lambda *a, **k: CURVE)
-    assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is CURVE
+    spec = RunSpec(learners=2, duration=22.0)
+    assert runner.fault_free_reference(tmp_path, spec) is CURVE
     assert json.loads((tmp_path / "run.json").read_text())["reference"] == CURVE.describe()
 
     def broken(*a, **k):
         raise TimeoutError("learner(s) [1] made no inner step within 120s")
     monkeypatch.setattr(runner, "obtain_reference", broken)
-    assert runner.fault_free_reference(tmp_path, "local", 2, 22.0, "decoupled", "markov", [], None, 0) is None
+    assert runner.fault_free_reference(tmp_path, spec) is None
     assert "no inner step" in json.loads((tmp_path / "run.json").read_text())["reference"]["error"]
 
 
@@ -158,8 +179,9 @@ def test_chaos_run_uses_the_reference_unless_told_off(argv: list[str], expected:
 
     seen: list[str] = []
 
-    def fake_run_schedule(schedule, run_dir, **kwargs):
-        seen.append(kwargs["reference"])
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        seen.append(reference)
         raise RuntimeError("stand-in: no cluster in unit tests")
 
     monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)

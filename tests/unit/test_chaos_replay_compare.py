@@ -13,6 +13,7 @@ from chaos.__main__ import main
 from chaos.checkers import Verdict, verdict_document
 from chaos.replay_compare import compare, format_comparison, original_figures, replay_figures
 from faults import Pause, Schedule
+from trainer.runspec import RunSpec
 
 
 def write_original(path: Path, verdict: dict | None = None) -> Path:
@@ -83,7 +84,11 @@ def test_a_broken_verdict_json_is_a_note_not_a_crash(tmp_path: Path) -> None:
 
 def test_chaos_replay_prints_and_records_the_comparison(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture) -> None:
-    def fake_run_schedule(schedule, run_dir, **kwargs):
+    specs: list = []
+
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto",
+                          **settings):
+        specs.append(spec)
         run_dir.mkdir(parents=True)
         document = replay_document(2.26)
         (run_dir / "verdict.json").write_text(json.dumps(document))
@@ -93,6 +98,7 @@ def test_chaos_replay_prints_and_records_the_comparison(tmp_path: Path, monkeypa
     monkeypatch.setattr(chaos.runner, "run_schedule", fake_run_schedule)
     original = write_original(tmp_path / "run", ORIGINAL)
     assert main(["replay", str(original)]) == 1
+    assert specs == [RunSpec(backend="local", learners=2, seed=7, duration=10.0)], "the replay runs run.json's spec"
     out = capsys.readouterr().out
     assert f"replay beside its original ({original})" in out
     assert "checks that changed: final_loss" in out

@@ -170,13 +170,18 @@ def test_the_spare_script_refuses_a_bad_command_line(tmp_path: Path) -> None:
 
 
 def test_warm_spares_is_validated_and_local_only(tmp_path: Path) -> None:
+    from chaos.backends.compose import ComposeCluster
     from chaos.backends.local import LocalCluster
     from chaos.runner import make_cluster
+    from trainer.runspec import RunSpec
     with pytest.raises(ValueError, match="warm_spares: must be >= 0"):
         LocalCluster(tmp_path, warm_spares=-1)
     with pytest.raises(ValueError, match="warm_spares: only the local backend"):
-        make_cluster("compose", tmp_path, 2, "decoupled", "markov", [], None, warm_spares=1)
-    cluster = make_cluster("local", tmp_path, 2, "decoupled", "markov", [], None, warm_spares=2)
+        make_cluster(RunSpec(backend="compose", learners=2, warm_spares=1), tmp_path)
+    with pytest.raises(ValueError, match="warm_spares: only the local backend"):
+        ComposeCluster(tmp_path, RunSpec(learners=2, warm_spares=1))  # a local spec moved onto compose
+    cluster = make_cluster(RunSpec(backend="local", learners=2, warm_spares=2), tmp_path)
+    assert isinstance(cluster, LocalCluster) and cluster.spec.warm_spares == 2
     assert cluster.warm_spares == 2 and cluster.spares is None, "spares start with the cluster, not before"
 
 

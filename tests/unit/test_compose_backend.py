@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from chaos.backends.compose import PROXY_BASE_PORT, ComposeCluster
+from chaos.backends.compose import PROXY_BASE_PORT, TASK_MOUNT, ComposeCluster
 from chaos.backends.compose_cli import COMPOSE_ENV, ComposeProject, find_compose_command
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defined_learners_need_no_override(tmp_path: Path) -> None:
@@ -40,8 +42,9 @@ def test_environment_carries_the_run_settings_and_a_private_secret(tmp_path: Pat
     cluster = ComposeCluster(tmp_path / "run", learners=2, mode="sync", trainer_args=["--sync-every", "10"])
     cluster.run_dir.mkdir(parents=True)
     env = cluster._compose_env()
-    assert env["ISLANDS_SYNCER_ARGS"] == "--mode sync --eval-data markov --sync-every 10"
-    assert env["ISLANDS_LEARNER_ARGS"] == "--mode sync --data markov"
+    assert env["ISLANDS_SYNCER_ARGS"] == "--mode sync --task gpt --eval-data markov --sync-every 10"
+    assert env["ISLANDS_LEARNER_ARGS"] == "--mode sync --task gpt --data markov --device auto"
+    assert env["ISLANDS_TASK"] == "gpt" and env["ISLANDS_TASK_DIR"] == str(ROOT / "examples" / "tasks")
     assert env["ISLANDS_LEARNERS"] == "2" and env["ISLANDS_RUN_DIR"] == str(cluster.run_dir)
     assert len(env["ISLANDS_SECRET"]) == 64 and (cluster.run_dir / "secret").stat().st_mode & 0o077 == 0
     assert 0 < int(env["TOXIPROXY_PORT"]) < 65536
@@ -55,8 +58,20 @@ def test_the_syncer_scores_the_same_data_file_the_learners_train_on(tmp_path: Pa
     cluster.run_dir.mkdir(parents=True)
     env = cluster._compose_env()
     assert "--eval-data /islands/run/data/corpus.txt" in env["ISLANDS_SYNCER_ARGS"]
-    assert env["ISLANDS_LEARNER_ARGS"].endswith("--data /islands/run/data/corpus.txt")
+    assert env["ISLANDS_LEARNER_ARGS"] == "--mode decoupled --task gpt --data /islands/run/data/corpus.txt --device auto"
     assert (cluster.run_dir / "data" / "corpus.txt").read_text() == text.read_text()
+
+
+def test_a_task_file_is_mounted_with_its_folder_and_named_by_its_path_inside(tmp_path: Path) -> None:
+    task = ROOT / "examples" / "tasks" / "digits.py"
+    cluster = ComposeCluster(tmp_path / "run", learners=2, task=f"{task}:Digits", learner_args={2: ["--speed", "0.5"]})
+    cluster.run_dir.mkdir(parents=True)
+    env = cluster._compose_env()
+    assert env["ISLANDS_TASK_DIR"] == str(task.parent) and env["ISLANDS_TASK"] == f"{TASK_MOUNT}/digits.py:Digits"
+    assert env["ISLANDS_SYNCER_ARGS"] == f"--mode decoupled --task {TASK_MOUNT}/digits.py:Digits --eval-data markov"
+    assert env["ISLANDS_LEARNER_ARGS"] == (f"--mode decoupled --task {TASK_MOUNT}/digits.py:Digits --data markov "
+                                           "--device auto"), "learner-2's own flags go to its command alone"
+    assert cluster.spec.task == f"{task}:Digits", "the spec (run.json) keeps the host's path"
 
 
 def test_a_flag_value_with_spaces_is_refused_naming_trainer_args(tmp_path: Path) -> None:
