@@ -108,10 +108,9 @@ def run_trial(schedule: Schedule, base: Path, learners: int, trainer_args: list[
     """One schedule against a fresh local cluster; `ranks` > 1 makes every learner a unit of that many."""
     args = list(suite_trainer_args() if trainer_args is None else trainer_args)
     run_dir = base / f"trial-{next(_counter):03d}"
-    learner_args = {i: ["--ranks", str(ranks)] for i in range(1, learners + 1)} if ranks > 1 else None
-    result = run_schedule(schedule, run_dir, learners=learners, duration=schedule.horizon + tail,
+    result = run_schedule(schedule, run_dir, learners=learners, ranks=ranks, duration=schedule.horizon + tail,
                           trainer_args=args, evaluate=evaluate, checker_options=checker_options,
-                          learner_args=learner_args, reference=_reference)
+                          reference=_reference)
     return Trial(schedule, result, learners, args, dict(env or {}), ranks)
 
 

@@ -25,6 +25,7 @@ from chaos.controller import HISTORY_FILE, Controller, History, read_history
 from chaos.runner import make_cluster, wait_until_training
 from faults import Kill, Latency, Partition, Pause, Schedule
 from trainer.events import read_events
+from trainer.runspec import RunSpec
 
 from .support import not_rejoined, suite_trainer_args
 
@@ -42,8 +43,8 @@ class ChaosMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.run_dir = Path(tempfile.mkdtemp(prefix="islands-machine-"))
-        self.cluster = make_cluster("local", self.run_dir, LEARNERS, "decoupled", "markov",
-                                    suite_trainer_args())
+        self.cluster = make_cluster(RunSpec(backend="local", learners=LEARNERS, mode="decoupled", data="markov",
+                                            trainer_args=suite_trainer_args()), self.run_dir)
         self.cluster.start()
         wait_until_training(self.run_dir, LEARNERS)
         self.history = History(self.run_dir / HISTORY_FILE)
