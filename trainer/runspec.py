@@ -15,6 +15,8 @@ from typing import Any
 from .argtypes import check_device
 
 BACKENDS = ("local", "compose")
+# Fields to_argv writes its own way (or not at all: env goes before the command).
+SPELLED_OUT = ("backend", "learners", "trainer_args", "learner_args", "duration", "env")
 MODES = ("decoupled", "sync")
 
 
@@ -146,10 +148,10 @@ class RunSpec:
         default = RunSpec()
         argv = ["python", "-m", "chaos", "run", *([schedule] if schedule else []), "--backend", self.backend,
                 "--learners", str(self.learners)]
-        for name in ("ranks", "mode", "task", "device", "data", "warm_spares", "seed"):
-            value = getattr(self, name)
-            if value != getattr(default, name) and value is not None:
-                argv += ["--" + name.replace("_", "-"), str(value)]
+        for f in fields(self):  # every plain option is the flag of its name (chaos run --help)
+            value = getattr(self, f.name)
+            if f.name not in SPELLED_OUT and value is not None and value != getattr(default, f.name):
+                argv += ["--" + f.name.replace("_", "-"), str(value)]
         for learner, args in sorted(self.learner_args.items()):
             argv += [f"--learner-args={learner}:{' '.join(args)}"]
         if self.duration is not None:
