@@ -59,7 +59,8 @@ def check_task(spec: RunSpec) -> None:
     from trainer.task import TaskError, load_task, preflight, resolve_spec
     try:
         train = TrainConfig(task=resolve_spec(spec.task))
-        preflight(load_task(train.task, train.task_options(spec.data)), 0, spec.learners)
+        shards = sum(spec.ranks_of(i) for i in range(1, spec.learners + 1))  # at least; each rank its own
+        preflight(load_task(train.task, train.task_options(spec.data)), 0, shards)
     except TaskError as exc:
         raise ValueError(str(exc) + (f"\n{exc.details}" if exc.details else "")) from None
 

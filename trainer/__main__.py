@@ -24,13 +24,13 @@ def _secret(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
         raise
 
 
-def _preflight(train, data: str, parser: argparse.ArgumentParser) -> dict:
+def _preflight(train, data: str, parser: argparse.ArgumentParser, ranks: int = 1) -> dict:
     """Load the task and call each of its methods once: a broken task is refused here, with
     its clear error, before any process starts. Returns what the task says of its data."""
     from .task import TaskError, load_task, preflight
     try:
         task = load_task(train.task, train.task_options(data))
-        preflight(task, train.seed, train.num_learners)
+        preflight(task, train.seed, train.num_learners * ranks)  # every rank reads its own shard
         return task.describe()
     except TaskError as exc:
         if exc.details:
@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     syncer_config(args, parser, "unused")  # validate syncer flags before starting anything
     if args.ranks > 1 and args.mode == "sync":
         parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
-    facts = _preflight(train, args.data, parser)  # also warms the synthetic-data cache for the learners
+    facts = _preflight(train, args.data, parser, args.ranks)  # also warms the synthetic-data cache for the learners
     out = Path(args.out or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
