@@ -141,7 +141,21 @@ def settings_for(spec: RunSpec) -> dict:
     """What decides a fault-free run's curve (every RunSpec field but NOT_IN_KEY, and the
     trainer's source), as the key is computed from it."""
     settings = {k: v for k, v in spec.to_json().items() if k not in NOT_IN_KEY}
-    return {**settings, "trainer": trainer_digest()}
+    return {**settings, "trainer": trainer_digest(), **task_digest(spec.task)}
+
+
+def task_digest(task: str) -> dict:
+    """A digest of a task file's folder (its .py files): editing your model or loss makes a
+    new reference, as a trainer change does. Nothing for a built-in task or a module."""
+    path, sep, _ = task.rpartition(":")
+    if not sep or not path.endswith(".py") or not Path(path).is_file():
+        return {}
+    folder = Path(path).resolve().parent
+    h = hashlib.sha256()
+    for source in sorted(folder.rglob("*.py")):
+        h.update(str(source.relative_to(folder)).encode())
+        h.update(source.read_bytes())
+    return {"task_source": h.hexdigest()[:16]}
 
 
 def reference_key(settings: dict) -> str:

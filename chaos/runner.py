@@ -55,12 +55,18 @@ def make_cluster(spec: RunSpec, run_dir: Path) -> Cluster:
 def check_task(spec: RunSpec) -> None:
     """Load the run's task and call each method once before anything starts: a broken task
     is refused with its clear error (ValueError) and leaves no run directory behind."""
-    from trainer.config import TrainConfig
-    from trainer.task import TaskError, load_task, preflight, resolve_spec
-    try:
-        train = TrainConfig(task=resolve_spec(spec.task))
+    from trainer.__main__ import build_parser
+    from trainer.cli_args import train_config
+    from trainer.task import TaskError, load_task, preflight
+    try:  # the training flags as the syncer will read them: model shape, batch size, seed
+        parser = build_parser()
+        syncer = parser._subparsers._group_actions[0].choices["syncer"]  # type: ignore[union-attr]
+        args = parser.parse_args(["syncer", "--state-dir", "-", "--task", spec.task, *spec.trainer_args])
+        train = train_config(args, syncer, spec.learners)
         shards = sum(spec.ranks_of(i) for i in range(1, spec.learners + 1))  # at least; each rank its own
-        preflight(load_task(train.task, train.task_options(spec.data)), 0, shards)
+        preflight(load_task(train.task, train.task_options(spec.data)), train.seed, shards)
+    except SystemExit:  # argparse said why on stderr
+        raise ValueError(f"trainer_args: {' '.join(spec.trainer_args)} are not valid trainer flags") from None
     except TaskError as exc:
         raise ValueError(str(exc) + (f"\n{exc.details}" if exc.details else "")) from None
 

@@ -174,7 +174,8 @@ class Learner:
             raise SystemExit(f"learner-{self.opts.learner}: --task {self.opts.task} but the syncer trains "
                              f"--task {self.cfg.task}; start both with the same task")
         if self.cfg.task in BUILTIN_TASKS:  # configured by the run's flags, which WELCOME carries
-            self.task = load_task(self.cfg.task, self.cfg.task_options(self.opts.data))
+            loaded = getattr(self.task.task, "loaded", None) or getattr(self.task.task, "corpus", None)
+            self.task = load_task(self.cfg.task, self.cfg.task_options(loaded or self.opts.data))
         self.model = self.task.model(self.cfg.seed).to(self.device)
         self.params = dict(self.model.named_parameters())
         self._check_shapes(tensors)
@@ -249,7 +250,7 @@ class Learner:
         self.facts = self.task.describe()
 
     def run(self) -> int:
-        warm_up_torch(self.opts.threads)
+        warm_up_torch(self.opts.threads, self.device)
         if self.opts.ranks > 1:
             self.group = RankGroup(self.opts.rank, self.opts.ranks, self.opts.store_file,
                                    self.opts.collective_timeout, self.device)
@@ -605,12 +606,15 @@ class Learner:
                 self.link.lock.release()
 
 
-def warm_up_torch(threads: int) -> None:
-    """Pay torch's lazy imports (the first optimizer costs ~2 s) before saying HELLO, so
-    the syncer never sees a joined learner fall silent while it initialises."""
+def warm_up_torch(threads: int, device: torch.device = torch.device("cpu")) -> None:
+    """Pay torch's lazy imports (the first optimizer costs ~2 s) and, on a GPU, the CUDA
+    context and the first kernels (1-3 s) before saying HELLO, so the syncer never sees a
+    joined learner fall silent while it initialises."""
     torch.set_num_threads(threads)
-    p = torch.zeros(2, requires_grad=True)
-    p.sum().backward()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    p = torch.zeros(2, requires_grad=True, device=device)
+    (p @ p.unsqueeze(1)).sum().backward()
     torch.optim.AdamW([p]).step()
 
 

@@ -95,8 +95,12 @@ class RankGroup:
         self.rank = rank
         self.size = size
         self.device = device  # NCCL reduces tensors on the GPU, gloo on the host
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # as gloo: never beyond this machine
         dist.init_process_group(collective_backend(device), init_method=f"file://{store_file}", rank=rank,
                                 world_size=size, timeout=timedelta(seconds=timeout))
+        dist.barrier()  # build the communicator now, before rank 0 says HELLO and holds a lease
 
     @property
     def leader(self) -> bool:

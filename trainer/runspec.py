@@ -9,6 +9,7 @@ is a field here plus the code that uses it, and travels everywhere else by itsel
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -22,7 +23,7 @@ MODES = ("decoupled", "sync")
 
 @dataclass(frozen=True)
 class RunSpec:
-    backend: str = "local"          # local | compose | swarm
+    backend: str = "local"          # local | compose
     learners: int = 3
     ranks: int = 1                  # ranks per learner unit (a learner's own --ranks in learner_args wins)
     mode: str = "decoupled"         # decoupled | sync
@@ -63,7 +64,7 @@ class RunSpec:
         bad = [k for k in self.learner_args if not 1 <= k <= self.learners]
         if bad:
             raise ValueError(f"learner_args: learner {bad[0]} is out of range 1..{self.learners}")
-        if self.duration is not None and (isinstance(self.duration, bool) or not self.duration > 0):
+        if self.duration is not None and (isinstance(self.duration, bool) or not 0 < self.duration < math.inf):
             raise ValueError(f"duration: must be > 0 seconds, got {self.duration!r}")
         if isinstance(self.warm_spares, bool) or not isinstance(self.warm_spares, int) or self.warm_spares < 0:
             raise ValueError(f"warm_spares: must be >= 0, got {self.warm_spares!r}")
@@ -119,7 +120,7 @@ class RunSpec:
         if not isinstance(data, dict):
             raise ValueError(f"{source}: expected a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known and v is not None}
+        values = {k: v for k, v in data.items() if k in known and v is not None and v != ""}
         for name in ("trainer_args",):
             v = values.get(name, [])
             if not isinstance(v, list) or not all(isinstance(a, str) for a in v):

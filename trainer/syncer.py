@@ -202,7 +202,8 @@ class Syncer:
         removed = remove_stale_temporaries(self.store.root)
         meta = read_json(self.store.meta_path)
         if meta is not None:
-            if meta.get("fingerprint") != self._fingerprint():
+            stored = {"task": "gpt", **(meta.get("fingerprint") or {})}  # state written before tasks: gpt
+            if stored != self._fingerprint():
                 raise ValueError(
                     f"state-dir {self.store.root}: holds state of a different run "
                     f"({meta.get('fingerprint')}); use a fresh --state-dir")

@@ -28,6 +28,9 @@ Batch = Union[torch.Tensor, tuple, list, dict]
 REQUIRED = ("model", "batches", "loss", "tokens", "eval_batches")
 BUILTIN_TASKS = ("gpt",)
 MAX_EVAL_BATCHES = 10_000
+# Keys of the events and summaries that describe()'s facts are written beside.
+RESERVED_FACTS = frozenset({"final_loss", "metrics", "kind", "t", "wall", "process", "pid", "learner", "task",
+                            "mode", "learners"})
 
 
 @runtime_checkable
@@ -84,9 +87,9 @@ def _import_file(path: Path, spec: str) -> Any:
     if loader_spec is None or loader_spec.loader is None:
         raise TaskError(f"--task {spec}: cannot import {path}", spec)
     module = importlib.util.module_from_spec(loader_spec)
-    folder = str(path.resolve().parent)  # a task may import its neighbours
+    folder = str(path.resolve().parent)  # a task may import its neighbours (last: they shadow nothing)
     if folder not in sys.path:
-        sys.path.insert(0, folder)
+        sys.path.append(folder)
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
@@ -170,10 +173,11 @@ def move_batch(batch: Batch, device: torch.device) -> Batch:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, tuple):
-        return tuple(move_batch(b, device) for b in batch)
+        items = [move_batch(b, device) for b in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)  # a namedtuple stays one
     if isinstance(batch, list):
         return [move_batch(b, device) for b in batch]
-    return {k: move_batch(v, device) for k, v in batch.items()}
+    return type(batch)((k, move_batch(v, device)) for k, v in batch.items())
 
 
 class CheckedTask:
@@ -300,6 +304,10 @@ class CheckedTask:
         out = self._call("describe", "describe()", make)
         if not isinstance(out, dict):
             raise self._fail("describe", f"task.describe returned {type(out).__name__}, expected a dict")
+        taken = sorted(set(out) & RESERVED_FACTS)
+        if taken:
+            raise self._fail("describe", f"task.describe returned the key {taken[0]!r}, which Islands reports "
+                                         f"itself; name it otherwise")
         return out
 
     @property

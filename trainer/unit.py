@@ -136,9 +136,9 @@ class UnitSupervisor:
                              stopping=self.stopping.is_set())
             if self.stopping.is_set():
                 return 1
-            if code == FATAL_EXIT:
+            if code == FATAL_EXIT:  # refused, no syncer, a task that cannot load: so does the unit
                 self.events.emit("unit_stop", generation=generation, reason=f"rank {rank} gave up")
-                return 1
+                return FATAL_EXIT
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER else failures + 1
             low, high = RESTART_BACKOFF
             delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)

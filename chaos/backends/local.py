@@ -56,8 +56,8 @@ class LocalCluster(Cluster):
         if not secret_file.exists():
             secret_file.write_text(secrets.token_hex(32))
             secret_file.chmod(0o600)
-        self.env = dict(os.environ, **self.spec.env, ISLANDS_SECRET_FILE=str(secret_file), PYTHONUNBUFFERED="1",
-                        OMP_NUM_THREADS="1")
+        self.env = {**os.environ, **self.spec.env, "ISLANDS_SECRET_FILE": str(secret_file),
+                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._start_spares()
         self._start_toxiproxy()
         # Every process imports torch (3-4 s of CPU): start them together, not the learners

@@ -188,3 +188,15 @@ def test_chaos_run_uses_the_reference_unless_told_off(argv: list[str], expected:
     quick = Path(__file__).resolve().parents[2] / "examples" / "schedules" / "quick.yaml"
     assert main(["run", str(quick), "--out", str(tmp_path / "run"), *argv]) == 1
     assert seen == [expected]
+
+
+def test_editing_a_task_file_makes_a_new_reference(tmp_path: Path):
+    from trainer.runspec import RunSpec
+    task = tmp_path / "mine.py"
+    task.write_text("task = None  # v1\n")
+    spec = RunSpec(task=f"{task}:task")
+    before = ref.reference_key(ref.settings_for(spec))
+    assert before == ref.reference_key(ref.settings_for(spec)), "the same files, the same key"
+    task.write_text("task = None  # v2: another model\n")
+    assert ref.reference_key(ref.settings_for(spec)) != before, "a stale curve would judge the edited task"
+    assert "task_source" not in ref.settings_for(RunSpec()), "the built-in task is in the trainer's digest"

@@ -773,7 +773,7 @@ def test_runspec_from_json_fills_defaults() -> None:
     ({"env": ["A=b"]}, "env"),
     ({"duration": "10"}, "duration"),
     ({"device": "gpu"}, "--device"),
-    ({"task": ""}, "task"),
+    ({"task": 5}, "task"),
     ({"mode": "async"}, "mode"),
 ])
 def test_runspec_from_json_errors_name_file_and_field(data: dict, field: str) -> None:
@@ -882,3 +882,25 @@ def test_supervise_backs_off_a_learner_that_keeps_failing(tmp_path: Path, monkey
     for k, delay in enumerate(delays, start=1):
         assert delay >= launch.restart_backoff(1.0, k) - 0.01, f"restart {k} came after {delay} s: {delays}"
         assert delay < launch.restart_backoff(1.0, k) + 0.15, f"restart {k} came after {delay} s: {delays}"
+
+
+def test_move_batch_keeps_a_namedtuple_and_a_mapping_type() -> None:
+    import collections
+
+    from trainer.task import move_batch
+    pair = collections.namedtuple("Pair", "x y")
+    moved = move_batch(pair(torch.ones(2), torch.zeros(2)), torch.device("cpu"))
+    assert type(moved) is pair and torch.equal(moved.x, torch.ones(2)), "a task reading batch.x must still work"
+    ordered = move_batch(collections.OrderedDict(a=torch.ones(1)), torch.device("cpu"))
+    assert type(ordered) is collections.OrderedDict
+
+
+def test_describe_may_not_take_a_key_islands_reports_itself() -> None:
+    from trainer.task import CheckedTask
+
+    class Facts:
+        def describe(self):
+            return {"final_loss": 0.1}
+
+    with pytest.raises(TaskError, match="task.describe returned the key 'final_loss'"):
+        CheckedTask(Facts(), "x.py:task").describe()

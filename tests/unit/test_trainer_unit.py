@@ -72,7 +72,7 @@ def test_any_rank_failing_restarts_every_rank(tmp_path: Path) -> None:
 def test_a_rank_that_gives_up_stops_the_unit(tmp_path: Path) -> None:
     sup = _supervisor(tmp_path, 2, lambda rank, store: _script(f"import sys; sys.exit({FATAL_EXIT})"
                                                                if rank == 0 else "import time; time.sleep(30)"))
-    assert sup.run() == 1
+    assert sup.run() == FATAL_EXIT, "the unit gives up as its rank did: whoever started it must not restart it"
     kinds = _kinds(tmp_path)
     assert [k for k in kinds if k[0] == "unit_start"] == [("unit_start", 0, None, None)], "it must not restart"
     assert kinds[-1][0] == "unit_stop"
