@@ -41,7 +41,9 @@ class Task(Protocol):
         """The model. Islands seeds torch (the run's --seed) first, so every process builds the same Θ₀."""
 
     def batches(self, shard: int, shards: int, seed: int) -> Iterator[Batch]:
-        """An endless iterator over shard `shard` (0-based) of `shards` of the training data."""
+        """An endless iterator over shard `shard` (0-based) of `shards` of the training data.
+        It may take a keyword `start` (batches already consumed, to skip): a restarted
+        learner then resumes at once; otherwise Islands reads and drops that many."""
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """A scalar to minimise."""
@@ -148,6 +150,14 @@ def load_task(spec: str, builtin_options: dict | None = None) -> "CheckedTask":
     return CheckedTask(obj, spec)
 
 
+def _takes_start(fn: Callable) -> bool:
+    """Whether `batches` takes the optional `start` (batches to skip) keyword."""
+    try:
+        return "start" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _has_methods(obj: Any) -> bool:
     return all(callable(getattr(obj, m, None)) for m in REQUIRED)
 
@@ -217,6 +227,9 @@ class CheckedTask:
         """The shard's batches, checked one by one; `skip` fast-forwards past the batches a
         previous incarnation consumed, so a restarted learner resumes its data."""
         label = f"batches(shard={shard})"
+        if skip and _takes_start(self.task.batches):  # the task seeks: no batch is made only to be dropped
+            it = self._call("batches", label, lambda: iter(self.task.batches(shard, shards, seed, start=skip)))
+            return self._checked_batches(it, label, 0)
         it = self._call("batches", label, lambda: iter(self.task.batches(shard, shards, seed)))
         return self._checked_batches(it, label, skip)
 

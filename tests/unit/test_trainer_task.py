@@ -904,3 +904,22 @@ def test_describe_may_not_take_a_key_islands_reports_itself() -> None:
 
     with pytest.raises(TaskError, match="task.describe returned the key 'final_loss'"):
         CheckedTask(Facts(), "x.py:task").describe()
+
+
+def test_a_task_whose_batches_take_start_seeks_instead_of_being_read_and_dropped() -> None:
+    from trainer.task import CheckedTask
+
+    class Seeking:
+        calls: list[int] = []
+
+        def batches(self, shard, shards, seed, start=0):
+            self.calls.append(start)
+            i = start
+            while True:
+                yield torch.full((1,), float(i))
+                i += 1
+
+    task = Seeking()
+    first = next(CheckedTask(task, "s.py:task").batches(0, 1, 0, skip=1000))
+    assert task.calls == [1000] and float(first) == 1000.0, "resumed at batch 1000 without making 1000 batches"
+    assert float(next(CheckedTask(task, "s.py:task").batches(0, 1, 0))) == 0.0 and task.calls[-1] == 0

@@ -13,7 +13,7 @@ from ..model import GPT, ModelConfig
 
 # The jitter stream of a first incarnation (the syncer numbers them from 1), as the sampler drew
 # it before tasks existed: the built-in task's fault-free runs see the same batches as then.
-# A restarted learner continues this stream where its predecessor stopped (`skip`).
+# A restarted learner seeks to its position (`start`) with a stream of its own.
 STREAM = 1
 EVAL_BATCH_SIZE = 16   # windows per held-out batch, whatever the run trains with: one fixed set per corpus
 
@@ -41,10 +41,13 @@ class GPTTask:
     def model(self) -> torch.nn.Module:
         return GPT(self.model_config)
 
-    def batches(self, shard: int, shards: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, shard: int, shards: int, seed: int,
+                start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """From batch `start` on: the cursor seeks there at once (a restarted learner resumes
+        in no time at any position); the jitter stream starts afresh, as it did per incarnation."""
         train, _ = self.corpus.split()
         sampler = ShardSampler(train, shard, shards, self.model_config.block_size, self.batch_size, seed,
-                               STREAM)
+                               STREAM + (1 if start else 0), position=start)
         while True:
             yield sampler.next_batch()
 
