@@ -578,7 +578,9 @@ def check_final_loss(view: RunView, threshold: float | None = None,
         return Verdict("final_loss", UNKNOWN, "no evaluation of the final parameters")
     e = evals[-1]
     loss = e["final_loss"]
-    margin = REFERENCE_MARGIN if margin is None else margin
+    if margin is None:  # in this task's units (0.25 nats per byte for the built-in task)
+        from .divergence import loss_scale
+        margin = round(REFERENCE_MARGIN * loss_scale(view.events)[0], 6)
     unigram = e.get("unigram_entropy")
     evidence: dict = {"final_loss": loss, "loss_floor": e.get("loss_floor"), "unigram_entropy": unigram}
     curve = reference if isinstance(reference, ReferenceCurve) else None

@@ -81,6 +81,32 @@ def samples(events: list[dict]) -> list[Sample]:
     return sorted(out, key=lambda s: s.t)
 
 
+BYTE_LOSS = math.log(256)  # the built-in task's untrained loss, nats per byte: what RISE is sized for
+
+
+def run_task(events: list[dict]) -> str:
+    """The task the run's syncer trained (`gpt` for runs from before tasks)."""
+    for e in events:
+        if e["kind"] == "process_start" and e.get("role") == "syncer":
+            return str((e.get("config") or {}).get("task") or "gpt")
+    return "gpt"
+
+
+def loss_scale(events: list[dict]) -> tuple[float, str]:
+    """What one unit of the checks' margins is worth in this run's loss: 1 for the built-in
+    task (nats per byte, which the margins are sized in), else the untrained model's loss
+    over ln(256). A user's loss may be MSE in the hundreds or a cross-entropy of 0.1, and
+    "1.0 above the best" means nothing across such scales; "18% of the untrained loss",
+    what 1.0 nats is to the byte-level GPT, means the same for every task."""
+    if run_task(events) == "gpt":
+        return 1.0, "nats per byte"
+    found = samples(events)
+    untrained, _ = untrained_loss(found, events)
+    if untrained is None or not untrained > 0 or not math.isfinite(untrained):
+        return 1.0, "the task's loss (no untrained score to scale by)"
+    return untrained / BYTE_LOSS, f"the task's untrained loss {untrained:.4f} / ln 256"
+
+
 def untrained_loss(found: list[Sample], events: list[dict]) -> tuple[float | None, str]:
     """The untrained Θ's loss: the syncer's first `start` sample at version 0, else
     ln(vocab_size) (a uniform guess, which an initialised model is close to)."""
@@ -174,6 +200,8 @@ def check_no_divergence(view: RunView, rise: float = RISE, sustain_versions: int
         return Verdict("no_divergence", UNKNOWN, "no sample of Θ's held-out loss (a syncer started without "
                                                  "--eval-data writes no global_eval events)")
     untrained, untrained_source = untrained_loss(found, view.events)
+    scale, _ = loss_scale(view.events)
+    rise = round(rise * scale, 6)  # in this task's units (1.0 nats per byte for the built-in task)
     fragments = max(len(s.versions) for s in found)
     best: Sample | None = None
     first_high: Sample | None = None

@@ -204,3 +204,19 @@ def test_run_checkers_passes_the_options_through():
     assert verdict_of(events).status == PASS
     verdicts = {v.name: v for v in run_checkers(view(events, history_for([])), {"no_divergence": {"rise": 0.5}})}
     assert verdicts["no_divergence"].status == FAIL
+
+
+def test_a_users_task_is_judged_in_its_own_units_the_built_in_one_in_nats():
+    """A rise of 1.6 over the best is a divergence of the byte-level GPT (1.0 nats per byte),
+    but not of a task whose untrained loss is 11.09 (an MSE): there the margin is 1.0 x
+    11.09 / ln 256 = 2.0. A rise of 2.6 is one for both."""
+    def run(task: str, bump: float) -> list[dict]:
+        base = [11.09 * f for f in (0.6, 0.4, 0.3)] + [3.0] * 12
+        base[5:9] = [3.0 + bump] * 4  # four versions high: longer than SUSTAIN_VERSIONS
+        events = run_of(base)
+        events[0] = global_eval(-1.0, 0, 11.09, tokens=0.0, reason="start", versions=[0])
+        return [ev(-2.0, "process_start", "syncer", role="syncer", config={"task": task})] + events
+
+    assert verdict_of(run("/x.py:task", 1.6)).status == PASS
+    assert verdict_of(run("gpt", 1.6)).status == FAIL
+    assert verdict_of(run("/x.py:task", 2.6)).status == FAIL
