@@ -135,6 +135,7 @@ def trainer_digest() -> str:
 
 # What does not decide a fault-free curve: where it runs, for how long, the faults' seed.
 NOT_IN_KEY = ("backend", "duration", "warm_spares", "seed", "env")
+MAX_TASK_FILES = 64
 
 
 def settings_for(spec: RunSpec) -> dict:
@@ -145,15 +146,17 @@ def settings_for(spec: RunSpec) -> dict:
 
 
 def task_digest(task: str) -> dict:
-    """A digest of a task file's folder (its .py files): editing your model or loss makes a
-    new reference, as a trainer change does. Nothing for a built-in task or a module."""
+    """A digest of a task file and the .py files beside it (only the file itself in a folder
+    of more than MAX_TASK_FILES): editing your model or loss makes a new reference, as a
+    trainer change does. Nothing for a built-in task or a module."""
     path, sep, _ = task.rpartition(":")
     if not sep or not path.endswith(".py") or not Path(path).is_file():
         return {}
-    folder = Path(path).resolve().parent
+    task_file = Path(path).resolve()
+    neighbours = sorted(task_file.parent.glob("*.py"))  # what it may import beside it; not recursive
     h = hashlib.sha256()
-    for source in sorted(folder.rglob("*.py")):
-        h.update(str(source.relative_to(folder)).encode())
+    for source in neighbours if len(neighbours) <= MAX_TASK_FILES else [task_file]:
+        h.update(source.name.encode())
         h.update(source.read_bytes())
     return {"task_source": h.hexdigest()[:16]}
 
