@@ -121,7 +121,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(json.dumps(run.to_json(), indent=2))
     cluster = LocalCluster(ClusterSpec(out, run))
-    print(f"islands: {args.learners} learners, {args.mode} mode, task {train.task}, data {facts.get('data')}, "
+    data = f", data {facts['data']}" if facts.get("data") and facts["data"] != train.task else ""
+    print(f"islands: {args.learners} learners, {args.mode} mode, task {train.task}{data}, "
           f"run dir {out}", flush=True)
     tail = ProgressTail(out, args.mode)
     started = elapsed = 0.0
