@@ -6,8 +6,6 @@ README's own example must load and pass the preflight; examples/tasks/charlm.py 
 from __future__ import annotations
 
 import json
-import math
-import os
 import re
 import subprocess
 import sys
@@ -117,15 +115,34 @@ def test_the_readme_example_passes_the_preflight(tmp_path: Path) -> None:
     assert torch.equal(first[0], first[1])  # deterministic given (shard, shards, seed)
 
 
-def test_charlm_trains(tmp_path: Path) -> None:
-    spec = f"{ROOT / 'examples/tasks/charlm.py'}:task"
-    env = {k: v for k, v in os.environ.items() if k != "CHARLM_DATA"}  # the default text: pydoc_data
-    summary = _run(spec, tmp_path / "run", duration=25, env=env)
-    # Untrained: 5.42 nats per character (ln 256 = 5.55). After 25 s on 2 cores: 1.2-1.3 idle,
-    # 1.66 with the cores busy (65 steps a learner, the first 15 s spent starting up). 4.0
-    # needs only about 10 steps a learner (their final pushes merged), so a slow start-up
-    # does not decide the verdict.
-    seen = {k: summary.get(k) for k in ("final_loss", "inner_steps", "merges", "startup_seconds")}
-    assert summary["final_loss"] < 4.0, seen
-    assert summary["metrics"]["bits_per_char"] < 4.0 / math.log(2), summary["metrics"]
-    assert summary["train_bytes"] > 500_000
+def test_charlm_trains() -> None:
+    """The example learns: 30 AdamW steps in-process, as one learner would take them, cut
+    its held-out loss from the untrained ~5.4 nats per character to below 4.0 (a trainer
+    run of it is `python -m trainer run --task examples/tasks/charlm.py:task`; the cluster
+    path is what the contract test above proves, once, to keep the suite short)."""
+    import torch
+
+    from trainer.task import load_task, preflight
+
+    task = load_task(f"{ROOT / 'examples/tasks/charlm.py'}:task")
+    assert preflight(task, 0, 2)["parameters"] > 10_000
+    model = task.model(0)
+    held_out = task.eval_batches()
+
+    def score() -> float:
+        model.eval()
+        with torch.no_grad():
+            return sum(float(task.loss(model, b)) for b in held_out) / len(held_out)
+
+    untrained = score()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    batches = task.batches(0, 2, 0)
+    model.train()
+    for _ in range(30):
+        loss = task.loss(model, next(batches))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    trained = score()
+    assert untrained > 5.0 and trained < 4.0, (untrained, trained)
+    assert task.describe()["train_bytes"] > 500_000
