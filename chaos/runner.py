@@ -57,14 +57,14 @@ def check_task(spec: RunSpec) -> None:
     is refused with its clear error (ValueError) and leaves no run directory behind."""
     from trainer.__main__ import build_parser
     from trainer.cli_args import train_config
-    from trainer.task import TaskError, load_task, preflight
+    from trainer.task import TaskError, check_run_task
     try:  # the training flags as the syncer will read them: model shape, batch size, seed
         parser = build_parser()
         syncer = parser._subparsers._group_actions[0].choices["syncer"]  # type: ignore[union-attr]
         args = parser.parse_args(["syncer", "--state-dir", "-", "--task", spec.task, *spec.trainer_args])
         train = train_config(args, syncer, spec.learners)
         shards = sum(spec.ranks_of(i) for i in range(1, spec.learners + 1))  # at least; each rank its own
-        preflight(load_task(train.task, train.task_options(spec.data)), train.seed, shards)
+        check_run_task(train, spec.data, shards)
     except SystemExit:  # argparse said why on stderr
         raise ValueError(f"trainer_args: {' '.join(spec.trainer_args)} are not valid trainer flags") from None
     except TaskError as exc:

@@ -27,11 +27,9 @@ def _secret(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
 def _preflight(train, data: str, parser: argparse.ArgumentParser, ranks: int = 1) -> dict:
     """Load the task and call each of its methods once: a broken task is refused here, with
     its clear error, before any process starts. Returns what the task says of its data."""
-    from .task import TaskError, load_task, preflight
+    from .task import TaskError, check_run_task
     try:
-        task = load_task(train.task, train.task_options(data))
-        preflight(task, train.seed, train.num_learners * ranks)  # every rank reads its own shard
-        return task.describe()
+        return check_run_task(train, data, train.num_learners * ranks)  # every rank reads its own shard
     except TaskError as exc:
         if exc.details:
             print(exc.details, file=sys.stderr, end="")

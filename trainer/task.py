@@ -359,3 +359,12 @@ def preflight(task: CheckedTask, seed: int, shards: int = 1) -> dict:
         metrics = task.metrics(model, held_out[0])
     return {"parameters": sum(p.numel() for p in model.parameters()), "tokens_per_batch": tokens,
             "eval_batches": len(held_out), "metrics": sorted(metrics)}
+
+
+def check_run_task(train: Any, data: Any, shards: int) -> dict:
+    """The run's task (`train`: its TrainConfig) loaded and preflighted with `shards`
+    shards, as every process of the run will load it; returns what it says of its data.
+    Raises TaskError (the task) or ValueError/FileNotFoundError (the built-in task's data)."""
+    task = load_task(train.task, train.task_options(data))
+    preflight(task, train.seed, shards)
+    return task.describe()
