@@ -25,20 +25,20 @@ from .events import EVENTS_DIR, EventLog
 from .global_eval import HeldOut
 from .runspec import RunSpec
 from .task import load_task
+from .unit import FATAL_EXIT, HEALTHY_AFTER
+from .unit import restart_backoff as unit_backoff
 from .state import StateDir, load_tensors
 from .sync_state import PARAM
 
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 20.0
-HEALTHY_AFTER = 30.0   # a learner that lived this long restarts after the base delay again
 MAX_RESTART_DELAY = 30.0
-FATAL_EXIT = 3         # trainer.unit.FATAL_EXIT: refused by the syncer, or a task that cannot load
 
 
 def restart_backoff(base: float, failures: int) -> float:
-    """The delay before restarting a learner that died after `failures` short lives in a
-    row: doubling from `base`, capped, so a task failing at every start does not spin."""
-    return min(MAX_RESTART_DELAY, base * 2 ** max(0, failures - 1))
+    """A learner's restart delay after `failures` short lives in a row (trainer.unit's
+    backoff, from --restart-delay, at most MAX_RESTART_DELAY)."""
+    return unit_backoff(base, failures, MAX_RESTART_DELAY)
 
 
 @dataclass
@@ -230,7 +230,7 @@ def score(params: dict[str, torch.Tensor], train: TrainConfig, data: str | Corpu
     """The task's held-out loss of `params` (for the built-in task, nats per byte on the
     corpus's held-out tail: the windows the syncer's global_eval scores), its metrics and
     what it knows of the data."""
-    held_out = HeldOut(load_task(train.task, train.task_options(data)), train.seed)  # type: ignore[arg-type]
+    held_out = held_out_of(train, data)
     loss = held_out.loss(params)
     return {"final_loss": round(loss, 4), **held_out.facts,
             **({"metrics": held_out.last_metrics} if held_out.last_metrics else {})}
@@ -238,7 +238,12 @@ def score(params: dict[str, torch.Tensor], train: TrainConfig, data: str | Corpu
 
 def evaluate(params: dict[str, torch.Tensor], train: TrainConfig, data: str | Corpus = "markov") -> float:
     """The held-out loss alone, unrounded."""
-    return HeldOut(load_task(train.task, train.task_options(data)), train.seed).loss(params)  # type: ignore[arg-type]
+    return held_out_of(train, data).loss(params)
+
+
+def held_out_of(train: TrainConfig, data: str | Corpus) -> HeldOut:
+    """The run's task's held-out set, as the syncer's global_eval scores it."""
+    return HeldOut(load_task(train.task, train.task_options(data)), train.seed)  # type: ignore[arg-type]
 
 
 def learner_logs_tail(run_dir: Path) -> str:

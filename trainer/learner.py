@@ -199,7 +199,7 @@ class Learner:
         if self.mode != "sync":
             trainable = [p for p in self.model.parameters() if p.requires_grad]
             self.opt = self.task.inner_optimizer(trainable, lambda: make_inner_optimizer(self.model, self.cfg))
-            self.default_optimizer = not hasattr(self.task.task, "inner_optimizer")
+            self.default_optimizer = not self.task.has_inner_optimizer
         # Each rank of each unit reads its own shard; a restarted learner skips the batches
         # its predecessors consumed, so it resumes its data instead of replaying it.
         self.position = int(h["position"])

@@ -300,10 +300,9 @@ class CheckedTask:
     def inner_optimizer(self, params: list[torch.nn.Parameter], default: Callable[[], torch.optim.Optimizer]
                         ) -> torch.optim.Optimizer:
         """The task's own inner optimizer when it has one, else `default()` (AdamW with --inner-lr)."""
-        make = getattr(self.task, "inner_optimizer", None)
-        if make is None:
+        if not self.has_inner_optimizer:
             return default()
-        opt = self._call("inner_optimizer", "inner_optimizer", lambda: make(params))
+        opt = self._call("inner_optimizer", "inner_optimizer", lambda: self.task.inner_optimizer(params))
         if not isinstance(opt, torch.optim.Optimizer):
             raise self._fail("inner_optimizer",
                              f"task.inner_optimizer returned {type(opt).__name__}, expected a torch.optim.Optimizer")
@@ -322,6 +321,10 @@ class CheckedTask:
             raise self._fail("describe", f"task.describe returned the key {taken[0]!r}, which Islands reports "
                                          f"itself; name it otherwise")
         return out
+
+    @property
+    def has_inner_optimizer(self) -> bool:
+        return callable(getattr(self.task, "inner_optimizer", None))
 
     @property
     def has_metrics(self) -> bool:

@@ -37,6 +37,12 @@ FATAL_EXIT = 3               # a rank that exits so was refused or found no sync
 _PR_SET_PDEATHSIG = 1
 
 
+def restart_backoff(base: float, failures: int, cap: float) -> float:
+    """The delay before a restart after `failures` short lives in a row: doubling from
+    `base`, capped, so a unit (or a learner) failing at every start does not spin."""
+    return min(cap, base * 2 ** max(0, failures - 1))
+
+
 def units_file(run_dir: str | os.PathLike, learner: int) -> Path:
     """Where a unit publishes the PIDs of its current ranks."""
     return Path(run_dir) / "units" / f"learner-{learner}.json"
@@ -140,8 +146,7 @@ class UnitSupervisor:
                 self.events.emit("unit_stop", generation=generation, reason=f"rank {rank} gave up")
                 return FATAL_EXIT
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER else failures + 1
-            low, high = RESTART_BACKOFF
-            delay = min(high, low * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+            delay = restart_backoff(RESTART_BACKOFF[0], failures, RESTART_BACKOFF[1]) * random.uniform(0.5, 1.0)
             if self.stopping.wait(delay):
                 return 1
             self.events.emit("unit_restart", generation=generation + 1, after_failure_of_rank=rank)
