@@ -36,7 +36,6 @@ import json
 import math
 import os
 import platform
-import secrets
 import signal
 import subprocess
 import sys
@@ -322,9 +321,8 @@ class RssSampler(threading.Thread):
 
 # ----------------------------------------------------------------------------- one point
 def start_syncer(tmp: Path, n: int, size: str, args: argparse.Namespace) -> tuple:
-    secret_file = tmp / "secret"
-    secret_file.write_text(secrets.token_hex(32))
-    secret_file.chmod(0o600)
+    from trainer.secretfile import ensure_secret
+    secret_file = ensure_secret(tmp / "secret")
     address_file = tmp / "syncer.json"
     argv = [sys.executable, "-m", "trainer", "syncer", "--learners", str(n), "--state-dir", str(tmp / "state"),
             "--run-dir", str(tmp), "--address-file", str(address_file), "--mode", "decoupled",

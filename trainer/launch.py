@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from .data import Corpus
 from .events import EVENTS_DIR, EventLog
 from .global_eval import HeldOut
 from .runspec import RunSpec
+from .secretfile import ensure_secret
 from .task import load_task
 from .unit import FATAL_EXIT, HEALTHY_AFTER
 from .unit import restart_backoff as unit_backoff
@@ -73,10 +73,7 @@ class LocalCluster:
         self.run_dir = spec.run_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
-        self.secret_file = self.run_dir / "secret"
-        if not self.secret_file.exists():
-            self.secret_file.write_text(secrets.token_hex(32))
-            self.secret_file.chmod(0o600)
+        self.secret_file = ensure_secret(self.run_dir / "secret")
         self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(self.secret_file), PYTHONUNBUFFERED="1",
                         OMP_NUM_THREADS="1")
         self.address_file = self.run_dir / "syncer.json"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import secrets
 import shlex
 import shutil
 import signal
@@ -26,6 +25,7 @@ import yaml
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from trainer.runspec import RunSpec
+from trainer.secretfile import ensure_secret
 from trainer.task import BUILTIN_TASKS
 
 from ..client import NotFound, ToxiproxyClient, Unreachable
@@ -206,10 +206,9 @@ class ComposeCluster(Cluster):
         return {"services": services} if services else {}
 
     def _compose_env(self) -> dict[str, str]:
-        secret_file = self.run_dir / "secret"
-        if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(32))
-            secret_file.chmod(0o600)
+        # The path, never the value: compose.yaml mounts the file into the syncer and learners
+        # as a compose secret, since `docker inspect` shows a container's environment.
+        secret_file = ensure_secret(self.run_dir / "secret")
         self.toxiproxy_port = _free_port()
         task_dir, task = self._container_task()
         # The containers' view of the spec: data and task at their paths inside. Per-learner
@@ -221,7 +220,7 @@ class ComposeCluster(Cluster):
             if any(not a or any(ch.isspace() for ch in a) for a in args):
                 raise ValueError(f"trainer_args: the compose backend passes flags split on spaces; "
                                  f"{shlex.join(args)} holds an empty or spaced value")
-        return {"ISLANDS_SECRET": secret_file.read_text().strip(), "ISLANDS_RUN_DIR": str(self.run_dir),
+        return {"ISLANDS_SECRET_FILE": str(secret_file), "ISLANDS_RUN_DIR": str(self.run_dir),
                 "ISLANDS_LEARNERS": str(self.learners), "ISLANDS_SYNCER_ARGS": " ".join(syncer_args),
                 "ISLANDS_LEARNER_ARGS": " ".join(learner_args), "TOXIPROXY_PORT": str(self.toxiproxy_port),
                 "ISLANDS_IMAGE": self.image, "ISLANDS_TASK_DIR": task_dir, "ISLANDS_TASK": task,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import socket
 import sys
@@ -19,6 +18,7 @@ from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
 from trainer.runspec import RunSpec
+from trainer.secretfile import ensure_secret
 
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
@@ -52,10 +52,7 @@ class LocalCluster(Cluster):
     def start(self) -> None:
         self.leftovers = self.registry.reap_leftovers()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        secret_file = self.run_dir / "secret"
-        if not secret_file.exists():
-            secret_file.write_text(secrets.token_hex(32))
-            secret_file.chmod(0o600)
+        secret_file = ensure_secret(self.run_dir / "secret")
         self.env = {**os.environ, **self.spec.env, "ISLANDS_SECRET_FILE": str(secret_file),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._start_spares()

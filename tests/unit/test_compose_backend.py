@@ -46,8 +46,28 @@ def test_environment_carries_the_run_settings_and_a_private_secret(tmp_path: Pat
     assert env["ISLANDS_LEARNER_ARGS"] == "--mode sync --task gpt --data markov --device auto"
     assert env["ISLANDS_TASK"] == "gpt" and env["ISLANDS_TASK_DIR"] == str(ROOT / "examples" / "tasks")
     assert env["ISLANDS_LEARNERS"] == "2" and env["ISLANDS_RUN_DIR"] == str(cluster.run_dir)
-    assert len(env["ISLANDS_SECRET"]) == 64 and (cluster.run_dir / "secret").stat().st_mode & 0o077 == 0
+    secret = cluster.run_dir / "secret"
+    assert env["ISLANDS_SECRET_FILE"] == str(secret) and secret.stat().st_mode & 0o077 == 0
+    assert len(secret.read_text()) == 64
     assert 0 < int(env["TOXIPROXY_PORT"]) < 65536
+
+
+def test_compose_gets_the_secrets_path_and_never_its_value(tmp_path: Path) -> None:
+    """The value in the compose CLI's environment would reach every container that names
+    the variable, and `docker inspect`; the containers read it from a compose secret."""
+    cluster = ComposeCluster(tmp_path / "run", learners=2)
+    cluster.run_dir.mkdir(parents=True)
+    env = cluster._compose_env()
+    value = (cluster.run_dir / "secret").read_text().strip()
+    assert not [k for k, v in env.items() if value in v], "no variable may carry the secret"
+    assert "ISLANDS_SECRET" not in env
+
+
+def test_generated_learners_mount_the_secret_file_too(tmp_path: Path) -> None:
+    for name, service in ComposeCluster(tmp_path, learners=5)._learner_overrides()["services"].items():
+        assert service["secrets"] == ["islands_secret"], name
+        assert service["environment"]["ISLANDS_SECRET_FILE"] == "/run/secrets/islands_secret", name
+        assert "ISLANDS_SECRET" not in service["environment"], name
 
 
 def test_the_syncer_scores_the_same_data_file_the_learners_train_on(tmp_path: Path) -> None:

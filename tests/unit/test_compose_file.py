@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -124,3 +125,66 @@ def test_events_reach_the_container_logs() -> None:
     for name in ["syncer", *LEARNERS]:
         env = SERVICES[name]["environment"]
         assert env.get("ISLANDS_EVENTS_TO_STDERR") == "${ISLANDS_EVENTS_TO_STDERR:-1}", name
+
+
+# --------------------------------------------------------------------------- the shared secret
+
+SECRET_NAME = "islands_secret"
+SECRET_MOUNT = f"/run/secrets/{SECRET_NAME}"
+SECRET_VARIABLE = re.compile(r"\$\{?ISLANDS_SECRET(?!_FILE)\b")
+ISLANDS_SERVICES = ["syncer", *LEARNERS]
+
+
+def _environment(service: dict) -> dict[str, str]:
+    env = service.get("environment") or {}
+    if isinstance(env, list):  # compose also takes KEY=VALUE lines
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {str(k): "" if v is None else str(v) for k, v in env.items()}
+
+
+def test_no_environment_carries_the_secret() -> None:
+    """`docker inspect` shows every container's environment to whoever may talk to the engine."""
+    for name, service in SERVICES.items():
+        env = _environment(service)
+        assert "ISLANDS_SECRET" not in env, f"{name}: the secret must not be an environment variable"
+        leaking = {k: v for k, v in env.items() if SECRET_VARIABLE.search(v)}
+        assert not leaking, f"{name}: {leaking} would put the secret in the environment"
+
+
+def test_the_secret_reaches_the_syncer_and_learners_as_a_compose_secret_file() -> None:
+    assert COMPOSE["secrets"][SECRET_NAME] == {"file": "${ISLANDS_SECRET_FILE:-./runs/compose/secret}"}
+    for name in ISLANDS_SERVICES:
+        service = SERVICES[name]
+        assert SECRET_NAME in service.get("secrets", []), f"{name} does not mount the secret"
+        assert _environment(service)["ISLANDS_SECRET_FILE"] == SECRET_MOUNT, name
+    assert "secrets" not in SERVICES["toxiproxy"], "the proxy never needs the secret"
+
+
+def _rendered(version: str, files: list[str], env: dict[str, str]) -> str:
+    argv = [*_compose_command(version), *[a for f in files for a in ("-f", f)], "config"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.parametrize("files", [["compose.yaml"], ["compose.yaml", "compose.islands-toxiproxy.yaml"]])
+def test_the_rendered_config_mounts_the_secret_and_never_shows_it(version: str, files: list[str],
+                                                                 tmp_path: Path) -> None:
+    """What compose itself makes of the files: even with the value exported as ISLANDS_SECRET
+    (the old way), it appears nowhere in the config; the file is a compose secret."""
+    value = "f00d" * 16
+    secret = tmp_path / "secret"
+    secret.write_text(value)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ISLANDS_")},
+           "ISLANDS_SECRET": value, "ISLANDS_SECRET_FILE": str(secret)}
+    text = _rendered(version, files, env)
+    assert value not in text
+    config = yaml.safe_load(text)
+    assert Path(config["secrets"][SECRET_NAME]["file"]) == secret
+    for name in ISLANDS_SERVICES:
+        service = config["services"][name]
+        mounted = [s if isinstance(s, str) else s["source"] for s in service["secrets"]]
+        assert mounted == [SECRET_NAME], name
+        assert _environment(service)["ISLANDS_SECRET_FILE"] == SECRET_MOUNT, name
+        assert "ISLANDS_SECRET" not in _environment(service), name
