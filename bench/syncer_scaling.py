@@ -244,7 +244,7 @@ class Pusher:
 
     def heartbeat(self) -> None:
         from trainer import wire
-        self._versions(self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {})))
+        self._versions(self.link.request(wire.message(wire.HEARTBEAT, {})))
 
     def one_round(self) -> dict:
         from trainer import wire
@@ -253,7 +253,7 @@ class Pusher:
         header = push_header(self.learner, self.incarnation, self.seq, self.version, self.tokens, self.steps,
                              self.seq * self.steps, self.encoding)
         started = time.monotonic()
-        frame = wire.encode_frame(self.link.secret, wire.PUSH, header, payload=self.payload)
+        frame = wire.message(wire.PUSH, header, payload=self.payload)
         ack = self.link.request(frame)
         acked = time.monotonic()
         status = ack.header.get("status")
@@ -265,7 +265,7 @@ class Pusher:
         seen = time.monotonic()
         pulled = None
         if self.pull:
-            reply = self.link.request(wire.encode_frame(self.link.secret, wire.PULL, {"fragment": 0}))
+            reply = self.link.request(wire.message(wire.PULL, {"fragment": 0}))
             pulled = time.monotonic()
             self.version = max(self.version, int(reply.header["version"]))
         return {"learner": self.learner, "status": status, "push_started": started, "acked": acked,
@@ -295,11 +295,11 @@ class Pusher:
 
     def bye(self) -> None:
         from trainer import wire
-        from trainer.link import TRANSIENT, Refused
+        from trainer.link import TRANSIENT, Refusal
         try:
             if self.link.connected:
-                self.link.request(wire.encode_frame(self.link.secret, wire.BYE, {}))
-        except (Refused, *TRANSIENT):
+                self.link.request(wire.message(wire.BYE, {}))
+        except (Refusal, *TRANSIENT):
             pass
         self.link.close()
 

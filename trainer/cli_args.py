@@ -92,7 +92,25 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
                         "rounds of each fragment; auto: the momentum's own horizon 1/(1-momentum), 10 rounds at "
                         "0.9; 0: no ramp (default auto)")
     g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
-                   help="frame payload cap in bytes")
+                   help="frame payload cap in bytes, for authenticated connections (a HELLO carries none)")
+    a = p.add_argument_group("admission and push bounds (syncer; README: Wire)")
+    a.add_argument("--max-connections", type=positive_int, default=SyncerConfig.max_connections,
+                   help="authenticated connections held at once; a HELLO past it is refused (default 256)")
+    a.add_argument("--max-unauthenticated", type=positive_int, default=SyncerConfig.max_unauthenticated,
+                   help="connections still in their handshake; when full, a new one evicts the oldest of the "
+                        "peer holding the most (default 64)")
+    a.add_argument("--handshake-timeout", type=positive_float, default=SyncerConfig.handshake_timeout,
+                   help="seconds from accept to a verified HELLO (default 10)")
+    a.add_argument("--idle-timeout", type=positive_float, default=SyncerConfig.idle_timeout,
+                   help="seconds an authenticated connection may stay silent (default 30)")
+    a.add_argument("--max-step-rate", type=positive_float, default=SyncerConfig.max_step_rate,
+                   help="inner steps per second a learner can do at most: bounds the steps a push may claim "
+                        "(default 2000)")
+    a.add_argument("--max-step-tokens", type=int, default=SyncerConfig.max_step_tokens,
+                   help="tokens one inner step of a unit may weigh; bounds a push's tokens (default 0: 2^30)")
+    a.add_argument("--max-norm-ratio", type=positive_float, default=SyncerConfig.max_norm_ratio,
+                   help="refuse a push whose per-round pseudo-gradient norm exceeds this multiple of the median "
+                        "of the fragment's recent accepted pushes (default 10)")
     g.add_argument("--eval-budget", type=positive_float, default=SyncerConfig.eval_budget,
                    help="share of one core the syncer may spend sampling the global parameters' held-out "
                         "loss during the run (global_eval events; needs --eval-data) (default 0.1)")
@@ -124,6 +142,10 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
                             eval_data=eval_data, eval_budget=args.eval_budget,
                             outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
                             max_staleness=args.max_staleness, max_payload=args.max_payload,
+                            max_connections=args.max_connections, max_unauthenticated=args.max_unauthenticated,
+                            handshake_timeout=args.handshake_timeout, idle_timeout=args.idle_timeout,
+                            max_step_rate=args.max_step_rate, max_step_tokens=args.max_step_tokens,
+                            max_norm_ratio=args.max_norm_ratio,
                             staleness_policy=args.staleness_policy, nesterov_delay=args.nesterov_delay,
                             grace_policy=args.grace_policy, momentum_unit=args.momentum_unit,
                             momentum_warmup=None if args.momentum_warmup == "auto" else args.momentum_warmup)
@@ -145,7 +167,8 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
                  "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
-                 "max_payload", "staleness_policy", "nesterov_delay", "grace_policy", "momentum_unit",
+                 "max_payload", "max_connections", "max_unauthenticated", "handshake_timeout", "idle_timeout",
+                 "max_step_rate", "max_step_tokens", "max_norm_ratio", "staleness_policy", "nesterov_delay", "grace_policy", "momentum_unit",
                  "momentum_warmup",
                  "eval_budget"):
         out += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]

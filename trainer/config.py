@@ -126,8 +126,13 @@ class SyncerConfig:
     momentum_unit: str = "round"   # round: a partial merge carries its share of momentum; merge: every merge a full step
     momentum_warmup: float | None = None  # rounds over which the momentum ramps up from 0; None: its horizon
     max_payload: int = 64 * 1024 * 1024
-    max_connections: int = 256
-    idle_timeout: float = 30.0     # a connection silent this long is closed
+    max_connections: int = 256     # authenticated connections (learners that proved the secret)
+    max_unauthenticated: int = 64  # connections still in their handshake; the oldest of the busiest peer goes first
+    handshake_timeout: float = 10.0  # from accept to a verified HELLO
+    idle_timeout: float = 30.0     # an authenticated connection silent this long is closed
+    max_step_rate: float = 2000.0  # inner steps per second a learner can have done, at most (push bounds)
+    max_step_tokens: int = 0       # tokens one inner step of a unit can weigh; 0: 2^30
+    max_norm_ratio: float = 10.0   # a push's per-round norm over the median of recent accepted ones
     sync_checkpoint_every: int = 50  # sync mode: rounds between durable checkpoints
     eval_data: str = ""            # held-out data for sampling Θ's loss during the run ("" = none)
     eval_budget: float = 0.1       # ... using at most this fraction of one core
@@ -156,6 +161,16 @@ class SyncerConfig:
             raise ValueError(f"momentum-unit: must be one of {', '.join(MOMENTUM_UNITS)}, got {self.momentum_unit!r}")
         if self.grace_policy not in GRACE_POLICIES:
             raise ValueError(f"grace-policy: must be one of {', '.join(GRACE_POLICIES)}, got {self.grace_policy!r}")
+        for name in ("max_connections", "max_unauthenticated"):
+            if isinstance(getattr(self, name), bool) or not getattr(self, name) >= 1:
+                raise ValueError(f"{name.replace('_', '-')}: must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("handshake_timeout", "idle_timeout", "max_step_rate"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name.replace('_', '-')}: must be > 0, got {getattr(self, name)}")
+        if not self.max_norm_ratio > 1:
+            raise ValueError(f"max-norm-ratio: must be > 1, got {self.max_norm_ratio}")
+        if not 0 <= self.max_step_tokens <= 2 ** 40:
+            raise ValueError(f"max-step-tokens: must be in [0, 2^40] (0: 2^30), got {self.max_step_tokens}")
         if self.max_payload < 1024:
             raise ValueError(f"max-payload: must be >= 1024 bytes, got {self.max_payload}")
         OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum

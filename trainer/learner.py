@@ -39,7 +39,8 @@ from .config import TrainConfig
 from .device import autocast, resolve_device
 from .events import EventLog
 from .fragments import FragmentClock
-from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refused
+from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
+from .protocol import FrameFault, Reason
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
 from .pacing import StepPacer
@@ -150,7 +151,7 @@ class Learner:
     def _welcome(self) -> wire.Frame:
         try:
             return self.link.connect(want_params=True, budget=self.opts.connect_timeout)
-        except Refused as exc:
+        except Refusal as exc:
             raise SystemExit(f"learner-{self.opts.learner}: syncer refused HELLO: {exc}") from exc
         except TRANSIENT as exc:
             raise SystemExit(
@@ -444,16 +445,17 @@ class Learner:
                     self._pull_new_versions()
                     continue
                 if time.monotonic() >= heartbeat_due(self.link, self.cfg.heartbeat_interval):
-                    beat = self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
+                    beat = self.link.request(wire.message(wire.HEARTBEAT, {}))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
                 self.queue.wait(max(0.0, heartbeat_due(self.link, self.cfg.heartbeat_interval) - time.monotonic()))
-            except Refused as exc:
+            except Refusal as exc:
                 if exc.reason in FATAL_REASONS:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
                     self.stop.set()
                     return
-                self.link.close(f"refused: {exc}")
+                if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
+                    self.link.close(f"refused: {exc}")
                 self._drop_refused_push(exc)
             except TRANSIENT as exc:
                 self.link.close(f"{type(exc).__name__}: {exc}")
@@ -472,13 +474,13 @@ class Learner:
                       if self.targets[f] is not None and v >= self.targets[f]
                       and v > max(self.adopted_versions[f], self.inbox.version(f))]
         for f in wanted:
-            reply = self.link.request(wire.encode_frame(self.link.secret, wire.PULL, {"fragment": f}))
+            reply = self.link.request(wire.message(wire.PULL, {"fragment": f}))
             version = int(reply.header["version"])
             shapes = {n: self.params[n].shape for n in self.fragment_names[f]}
             try:
                 tensors = decode(reply.tensors(), str(reply.header.get("encoding", "fp32")), shapes)
             except ValueError as exc:  # never adopt a fragment that does not match what it claims
-                raise wire.FrameError("bad_tensors", f"fragment {f} v{version}: {exc}") from exc
+                raise FrameFault(Reason.BAD_TENSOR, f"fragment {f} v{version}: {exc}") from exc
             self.inbox.put(f, version, tensors)
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
 
@@ -492,15 +494,15 @@ class Learner:
         with self._versions_lock:  # sent from now on: the loop's next push of f waits for its adoption
             self.awaiting[item.fragment].setdefault(item.seq, None)
         self.queue.claim(item)  # before encoding: a push queued meanwhile must not merge into it
-        if item.frame is None:
+        if item.message is None:
             header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
                       "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
                       "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding,
                       "step_tokens": max(1, self.step_tokens)}
-            item.frame = wire.encode_frame(self.link.secret, wire.PUSH, header, encode(item.delta, self.cfg.encoding))
+            item.message = wire.message(wire.PUSH, header, encode(item.delta, self.cfg.encoding))
         item.attempts += 1
         started = time.monotonic()
-        reply = self.link.request(item.frame)
+        reply = self.link.request(item.message)
         self.queue.pop(item)
         self._note_versions(reply.header.get("versions"))
         status = reply.header.get("status")
@@ -508,7 +510,7 @@ class Learner:
         self._await_version(item.fragment, version + 1 if status == "accepted" else version, item.seq)
         self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
                          base_version=item.base_version, tokens=item.tokens, steps=item.steps,
-                         wire_bytes=len(item.frame), encoding=self.cfg.encoding, status=status, version=version,
+                         wire_bytes=item.message.wire_size, encoding=self.cfg.encoding, status=status, version=version,
                          attempts=item.attempts, coalesced=item.coalesced, residual=item.residual,
                          latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
 
@@ -518,20 +520,20 @@ class Learner:
             self.targets[fragment] = version if current is None else max(current, version)
             self.awaiting[fragment][seq] = version
 
-    def _drop_refused_push(self, exc: Refused) -> None:
+    def _drop_refused_push(self, exc: Refusal) -> None:
         item = self.queue.peek()
         if item is not None and item.claimed:
             self.queue.pop(item)
             self._await_version(item.fragment, self.syncer_versions[item.fragment], item.seq)
             self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
-                             reason=exc.reason, detail=exc.detail, wire_bytes=len(item.frame),
+                             reason=exc.reason, detail=exc.detail, wire_bytes=item.message.wire_size,
                              id=f"{self.opts.learner}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
 
     def _bye(self) -> None:
         if self.link.connected:
             try:
-                self.link.request(wire.encode_frame(self.link.secret, wire.BYE, {}))
-            except (Refused, *TRANSIENT):
+                self.link.request(wire.message(wire.BYE, {}))
+            except (Refusal, *TRANSIENT):
                 pass
         self.link.close()
 
@@ -545,7 +547,7 @@ class Learner:
             compute_s = time.perf_counter() - started
             grads = {n: p.grad.detach().cpu() for n, p in self.params.items()}
             header = {"round": self.round, "tokens": tokens, "position": self.position}
-            reply = self._sync_exchange(wire.encode_frame(self.link.secret, wire.GRAD, header, grads))
+            reply = self._sync_exchange(wire.message(wire.GRAD, header, grads))
             if reply is None:
                 break
             if reply.header.get("resync"):
@@ -573,14 +575,14 @@ class Learner:
     def _on_device(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: t.to(self.device) for n, t in tensors.items()}
 
-    def _sync_exchange(self, frame: bytes) -> wire.Frame | None:
+    def _sync_exchange(self, msg: wire.Message) -> wire.Frame | None:
         """Send a gradient until a MEAN comes back; reconnect as often as needed."""
         while not self.stop.is_set():
             try:
                 if not self.link.connected:
                     self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
-                return self.link.request(frame)
-            except Refused as exc:
+                return self.link.request(msg)
+            except Refusal as exc:
                 if exc.reason in FATAL_REASONS:
                     raise SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}") from exc
                 self.link.close(f"refused: {exc}")
@@ -599,8 +601,8 @@ class Learner:
                 continue  # a request is in flight on the connection: it speaks for us
             try:
                 if self.link.connected:
-                    self.link.request(wire.encode_frame(self.link.secret, wire.HEARTBEAT, {}))
-            except (Refused, *TRANSIENT):
+                    self.link.request(wire.message(wire.HEARTBEAT, {}))
+            except (Refusal, *TRANSIENT):
                 pass
             finally:
                 self.link.lock.release()

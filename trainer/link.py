@@ -17,22 +17,14 @@ from tenacity.stop import stop_base
 
 from . import wire
 from .events import EventLog
+from .protocol import FATAL_REASONS, FrameFault, FrameType, Reason, Refusal, reason_of
 
-TRANSIENT = (OSError, wire.FrameError, wire.DeadlineExceeded, wire.PeerClosed)
+__all__ = ["FATAL_REASONS", "TRANSIENT", "Address", "Link", "Refusal"]
+
+# Worth a reconnect: the syncer's ERROR replies (Refusal) are decisions, handled apart.
+TRANSIENT = (OSError, FrameFault, wire.DeadlineExceeded, wire.PeerClosed)
 CONNECT_TIMEOUT = 3.0
 MIN_WIRE_RATE = 2_000_000  # bytes/s assumed when sizing a deadline for a large frame
-
-
-class Refused(Exception):
-    """The syncer answered ERROR: a decision, not a network fault."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-FATAL_REASONS = {"mode_mismatch", "bad_learner"}
 
 
 class _stop_when_set(stop_base):
@@ -71,7 +63,7 @@ class Link:
         self.stop = stop
         self.nonce = secrets.token_hex(8)
         self.lock = threading.RLock()
-        self.sock: socket.socket | None = None
+        self.channel: wire.Channel | None = None
         self.connections = 0
         self.bytes_up = 0
         self.bytes_down = 0
@@ -81,44 +73,46 @@ class Link:
     def deadline_for(self, nbytes: int) -> float:
         return time.monotonic() + self.request_timeout + nbytes / MIN_WIRE_RATE
 
-    def _exchange(self, sock: socket.socket, data: bytes) -> wire.Frame:
-        wire.send_all(sock, data, self.deadline_for(len(data)))
-        self.bytes_up += len(data)
-        reply = wire.read_frame(sock, self.secret, self.deadline_for(64 * 1024 * 1024))
+    def _exchange(self, channel: wire.Channel, msg: wire.Message) -> wire.Frame:
+        self.bytes_up += channel.send(msg, self.deadline_for(msg.wire_size))
+        reply = channel.recv(self.deadline_for(wire.DEFAULT_MAX_PAYLOAD))
         self.bytes_down += reply.wire_bytes
         self.last_reply = time.monotonic()
-        if reply.type == wire.ERROR:
-            raise Refused(str(reply.header.get("reason")), str(reply.header.get("detail")))
+        if reply.type == FrameType.ERROR:
+            raise Refusal(reason_of(reply.header.get("reason")), str(reply.header.get("detail")))
         return reply
 
     def close(self, reason: str | None = None) -> None:
         with self.lock:
-            if self.sock is not None:
+            if self.channel is not None:
                 try:
-                    self.sock.close()
+                    self.channel.close()
                 finally:
-                    self.sock = None
+                    self.channel = None
                 if reason:
                     self.events.emit("disconnect", error=reason)
 
     @property
     def connected(self) -> bool:
-        return self.sock is not None
+        return self.channel is not None
 
     # ----------------------------------------------------------------- handshake
     def _handshake(self, want_params: bool) -> wire.Frame:
         sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            hello = wire.encode_frame(self.secret, wire.HELLO, {
+            channel = wire.Channel.connect(sock, self.secret, self.deadline_for(0))
+            self.bytes_up += wire.HANDSHAKE.size
+            self.bytes_down += wire.HANDSHAKE.size
+            hello = wire.message(FrameType.HELLO, {
                 "learner": self.learner, "nonce": self.nonce, "mode": self.mode, "want_params": want_params})
-            welcome = self._exchange(sock, hello)
-            if welcome.type != wire.WELCOME:
-                raise wire.FrameError("protocol", f"expected WELCOME, got {welcome.type}")
+            welcome = self._exchange(channel, hello)
+            if welcome.type != FrameType.WELCOME:
+                raise FrameFault(Reason.PROTOCOL, f"expected WELCOME, got {welcome.type}")
         except BaseException:
             sock.close()
             raise
-        self.sock = sock
+        self.channel = channel
         self.connections += 1
         self.events.emit("connect", address=str(self.address), incarnation=welcome.header.get("incarnation"),
                          connections=self.connections, wire_bytes=welcome.wire_bytes)
@@ -140,13 +134,13 @@ class Link:
                     return self._handshake(want_params)
         raise ConnectionError("stopped before connecting")  # pragma: no cover (tenacity reraises)
 
-    def request(self, data: bytes) -> wire.Frame:
+    def request(self, msg: wire.Message) -> wire.Frame:
         """One request on the current connection. On a transport error the link is closed."""
         with self.lock:
-            if self.sock is None:
+            if self.channel is None:
                 raise ConnectionError("not connected")
             try:
-                return self._exchange(self.sock, data)
+                return self._exchange(self.channel, msg)
             except TRANSIENT as exc:
                 self.close(f"{type(exc).__name__}: {exc}")
                 raise

@@ -7,7 +7,8 @@ syncer, so numbers are never reused across syncer restarts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,16 +23,20 @@ class Member:
     conn: int | None = None  # id of the connection that currently speaks for it
     busy: bool = False       # waiting in a sync barrier: its lease is held by the request
     finished: bool = False   # said BYE: stopped cleanly, its last pushes may still be merging
+    since: float = 0.0       # wall-clock time this incarnation first joined (push bounds: validation.py)
+    claimed: dict[int, int] = field(default_factory=dict)  # fragment → steps its accepted pushes claimed
 
     def persistent(self) -> dict:
-        return {"nonce": self.nonce, "incarnation": self.incarnation,
-                "position": self.position, "tokens": self.tokens}
+        return {"nonce": self.nonce, "incarnation": self.incarnation, "position": self.position,
+                "tokens": self.tokens, "since": self.since, "claimed": {str(f): n for f, n in self.claimed.items()}}
 
     @classmethod
     def restore(cls, learner: int, data: dict) -> "Member":
         return cls(learner=learner, nonce=str(data.get("nonce", "")),
                    incarnation=int(data.get("incarnation", 0)),
-                   position=int(data.get("position", 0)), tokens=int(data.get("tokens", 0)))
+                   position=int(data.get("position", 0)), tokens=int(data.get("tokens", 0)),
+                   since=float(data.get("since", 0.0)),
+                   claimed={int(f): int(n) for f, n in (data.get("claimed") or {}).items()})
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Membership:
         if not reconnect:
             m.incarnation += 1
             m.nonce = nonce
+            m.since, m.claimed = time.time(), {}
         m.alive, m.last_seen, m.conn, m.busy, m.finished = True, now, conn, False, False
         return JoinResult(m.incarnation, rejoin, reconnect)
 

@@ -4,8 +4,8 @@ The inner loop only ever appends; a background thread sends. A push not yet atte
 is coalesced with a newer push of the same fragment (their pseudo-gradients are
 consecutive increments, so their sum is the learner's total progress), which bounds the
 queue at one unsent push per fragment plus the one in flight. A push that was sent but
-not acknowledged keeps its identity and is resent byte for byte, so the syncer's ledger
-recognises the retry.
+not acknowledged keeps its identity (the same header and payload, sealed anew for each
+connection), so the syncer's ledger recognises the retry.
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import threading
 from dataclasses import dataclass, field
 
 import torch
+
+from .wire import Message
 
 
 @dataclass
@@ -27,7 +29,7 @@ class OutgoingPush:
     created_step: int = 0
     residual: bool = False  # the progress left at a clean stop, pushed whatever --push-window says
     attempts: int = 0
-    frame: bytes | None = field(default=None, repr=False)  # fixed at the first attempt
+    message: Message | None = field(default=None, repr=False)  # fixed at the first attempt
     coalesced: int = 0
     claimed: bool = False  # the sender took it: from now on it is never coalesced into
 

@@ -16,6 +16,7 @@ import select
 import socket
 import threading
 import time
+import traceback
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from . import defects, wire
+from .admission import Admission, Throttle
 from .codec import decode, encode
 from .config import SyncerConfig, TrainConfig
 from .events import EventLog
@@ -32,11 +34,16 @@ from .membership import Membership
 from .signals import stop_on_signals
 from .task import load_task
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
-                    round_fraction, staleness_factors)
+                    round_fraction, round_scale, staleness_factors)
+from .protocol import FrameType, ProtocolError, Reason, Status
+from .quarantine import Quarantine
+from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
 from .state import StateDir, atomic_write_json, load_tensors, read_json, remove_stale_temporaries, save_tensors
 from .sync_state import SyncRound
 
 REPLY_DEADLINE = 30.0
+ADMISSION_REASONS = frozenset({Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.UNAUTHENTICATED_LIMIT,
+                               Reason.IDLE_TIMEOUT})
 ARRIVALS_KEPT = 6  # push times kept per (fragment, learner): five intervals for the grace estimator
 
 
@@ -92,6 +99,23 @@ class PendingPush:
     encoding: str
     path: Path
     accepted_at: float
+
+
+@dataclass
+class OuterStep:
+    """A merge computed on copies of a fragment's state, not yet committed."""
+
+    expected: float
+    staleness: list[int]
+    raw: list[float]
+    factors: list[float]
+    weights: list[float]
+    params: dict[str, torch.Tensor]
+    momentum: dict[str, torch.Tensor]
+    accum: dict[str, torch.Tensor]
+    accum_count: int
+    outer: dict
+    finite: bool
 
 
 @dataclass
@@ -151,15 +175,6 @@ class FragmentState:
             p.contribution.ident == ident for p in self.pending)
 
 
-class Refused(Exception):
-    """A well-formed frame whose request is refused; the reply is an ERROR frame."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-
-
 class Syncer:
     def __init__(self, cfg: SyncerConfig, train: TrainConfig, secret: bytes,
                  run_dir: str | None = None) -> None:
@@ -187,11 +202,20 @@ class Syncer:
         self._running = False
         self._threads: list[threading.Thread] = []
         self._conn_ids = 0
-        self._conns: dict[int, socket.socket] = {}
+        self.admission = Admission(cfg.max_unauthenticated, cfg.max_connections)
+        self.report = Throttle(self.events.emit)
+        self.bounds = PushBounds(cfg.max_step_rate, cfg.max_step_tokens or DEFAULT_MAX_STEP_TOKENS, train.sync_every)
+        self.quarantine = Quarantine(self.store.root / "quarantine", self.events, self.counters)
         self._listener: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         self._recover(model)
+        self.norms = [NormGuard(cfg.max_norm_ratio) for _ in self.specs]
         self.evaluator = self._make_evaluator()
+
+    @property
+    def _conns(self) -> dict[int, socket.socket]:
+        """Every open connection, authenticated or not."""
+        return {s.conn_id: s.sock for s in self.admission.slots.values()}
 
     # ----------------------------------------------------------------- recovery
     def _fingerprint(self) -> dict:
@@ -243,7 +267,12 @@ class Syncer:
                     self.counters["accumulators_discarded"] += 1
                     frag.accum, frag.accum_count = {}, 0
             for path in self.store.pending_files(spec.index):
-                push = self._load_pending(path)
+                try:
+                    push = self._load_pending(path)
+                except Exception as exc:  # noqa: BLE001 - an unreadable push must not stop recovery
+                    self.quarantine.put(path, path.stem, spec.index, None, Reason.BAD_PENDING,
+                                        f"{type(exc).__name__}: {exc}", acknowledged=True)
+                    continue
                 if push.contribution.ident in frag.applied_set:
                     path.unlink(missing_ok=True)  # merged before the crash; never apply twice
                 else:
@@ -252,8 +281,10 @@ class Syncer:
 
     def _load_pending(self, path: Path) -> PendingPush:
         parts, meta = load_tensors(path)
+        for key in ("fragment", "learner", "incarnation", "seq", "tokens", "base_version", "steps"):
+            wire.header_int(meta, key)  # the bounds a push had on the wire (a file from before them may not)
         spec = self.specs[int(meta["fragment"])]
-        delta = decode(parts, meta["encoding"], {n: self.shapes[n] for n in spec.names})
+        delta = decode(parts, str(meta["encoding"]), {n: self.shapes[n] for n in spec.names})
         c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
                          int(meta["tokens"]), int(meta["base_version"]), delta, int(meta["steps"]))
         return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic())
@@ -355,6 +386,9 @@ class Syncer:
             else:
                 final["round"] = self.sync.round
             self.events.emit("final_state", **final)
+        held = self.report.flush()
+        if held:
+            self.events.emit("events_suppressed", counts=held)
         self.events.emit("process_stop", role="syncer", reason=reason)
         self.events.close()
 
@@ -367,77 +401,135 @@ class Syncer:
             except (socket.timeout, OSError):
                 continue
             with self.cond:
-                if len(self._conns) >= self.cfg.max_connections:
-                    self.counters["refused_connections"] += 1
-                    sock.close()
-                    continue
                 self._conn_ids += 1
                 conn_id = self._conn_ids
-                self._conns[conn_id] = sock
+                evicted = self.admission.admit(conn_id, peer[0], sock)
+            if evicted is not None:
+                self._drop_connection(evicted.sock, Reason.UNAUTHENTICATED_LIMIT, (evicted.host, 0),
+                                      f"evicted: {self.cfg.max_unauthenticated} connections were in their "
+                                      f"handshake; this was the oldest of the busiest peer")
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=self._serve_connection, args=(sock, conn_id, peer),
                              name=f"syncer-conn-{conn_id}", daemon=True).start()
 
+    def _drop_connection(self, sock: socket.socket, reason: Reason, peer: tuple, detail: str) -> None:
+        """Close a connection the syncer will not serve, counted and reported (throttled)."""
+        with self.cond:
+            self.counters[f"refused_{reason}"] += 1
+            self.counters["refused_connections"] += 1
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.report("connection_refused", reason, detail=detail, peer=f"{peer[0]}:{peer[1]}")
+
+    def _read_hello(self, channel: wire.Channel, conn_id: int, deadline: float) -> wire.Frame:
+        """A verified HELLO before `deadline`; nothing larger than HELLO_MAX_HEADER is read
+        before the secret is proven. Then the connection takes an authenticated slot."""
+        try:
+            hello = channel.recv(deadline, max_payload=0, max_header=wire.HELLO_MAX_HEADER)
+        except wire.DeadlineExceeded as exc:
+            raise ProtocolError(Reason.HANDSHAKE_TIMEOUT,
+                                f"no verified HELLO within {self.cfg.handshake_timeout:g} s ({exc})") from exc
+        if hello.type != FrameType.HELLO:
+            raise wire.FrameError(Reason.PROTOCOL, f"first frame must be HELLO, got {hello.type!r}")
+        with self.cond:
+            admitted = self.admission.authenticate(conn_id)
+        if not admitted:
+            raise ProtocolError(Reason.CONNECTION_LIMIT,
+                                f"{self.cfg.max_connections} authenticated connections are open (--max-connections)")
+        return hello
+
     def _serve_connection(self, sock: socket.socket, conn_id: int, peer: tuple) -> None:
+        """One connection, from handshake to close. Whatever a peer sends, the thread ends
+        by closing its socket and releasing its slot: a refusal is answered (when the
+        session allows it) and counted, never an uncaught exception."""
         learner: int | None = None
+        channel: wire.Channel | None = None
         reason = "closed"
         try:
+            deadline = time.monotonic() + self.cfg.handshake_timeout
+            try:
+                channel = wire.Channel(sock, wire.server_handshake(sock, self.secret, deadline))
+            except wire.DeadlineExceeded as exc:
+                raise ProtocolError(Reason.HANDSHAKE_TIMEOUT,
+                                    f"no handshake within {self.cfg.handshake_timeout:g} s ({exc})") from exc
+            frame = self._read_hello(channel, conn_id, deadline)
             while self._running:
-                frame = wire.read_frame(sock, self.secret, time.monotonic() + self.cfg.idle_timeout,
-                                        self.cfg.max_payload)
                 self.counters["bytes_in"] += frame.wire_bytes
-                if learner is None and frame.type != wire.HELLO:
-                    raise wire.FrameError("protocol", f"first frame must be HELLO, got {frame.type!r}")
                 try:
                     reply, learner = self._dispatch(frame, conn_id, learner, sock)
-                except Refused as exc:
-                    self._reject(exc.reason, exc.detail, learner, peer)
-                    reply = wire.encode_frame(self.secret, wire.ERROR, {"reason": exc.reason, "detail": exc.detail})
-                    wire.send_all(sock, reply, time.monotonic() + REPLY_DEADLINE)
-                    reason = f"refused: {exc.reason}"
-                    break
+                except ProtocolError as exc:
+                    self._refuse(channel, exc, learner, peer)
+                    if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
+                        reason = f"refused: {exc.reason}"
+                        break
+                    frame = channel.recv(time.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
+                    continue
                 if reply is None:  # superseded by a newer connection of the same learner
                     reason = "superseded"
                     break
-                self.counters["bytes_out"] += len(reply)
-                wire.send_all(sock, reply, time.monotonic() + REPLY_DEADLINE)
-                if frame.type == wire.BYE:
+                self.counters["bytes_out"] += channel.send(reply, time.monotonic() + REPLY_DEADLINE)
+                if frame.type == FrameType.BYE:
                     reason = "bye"
                     break
+                frame = channel.recv(time.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
         except wire.PeerClosed:
             reason = "peer closed"
-        except wire.FrameError as exc:
-            self._reject(exc.reason, exc.detail, learner, peer)
+        except ProtocolError as exc:
+            self._refuse(channel, exc, learner, peer)
             reason = f"refused: {exc.reason}"
-            try:
-                err = wire.encode_frame(self.secret, wire.ERROR, {"reason": exc.reason, "detail": exc.detail})
-                wire.send_all(sock, err, time.monotonic() + 1.0)
-            except OSError:
-                pass
-        except (wire.DeadlineExceeded, OSError) as exc:
+        except wire.DeadlineExceeded as exc:
+            reason = f"{Reason.IDLE_TIMEOUT}: {exc}"
+            self.counters[f"refused_{Reason.IDLE_TIMEOUT}"] += 1
+            self.report("connection_refused", Reason.IDLE_TIMEOUT, detail=str(exc), from_learner=learner,
+                        peer=f"{peer[0]}:{peer[1]}")
+        except OSError as exc:
             reason = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must not kill the thread silently
+            self._refuse(channel, ProtocolError(Reason.INTERNAL, f"{type(exc).__name__}: {exc}"), learner, peer)
+            traceback.print_exc()
+            reason = f"internal error: {type(exc).__name__}"
         finally:
             sock.close()
             with self.cond:
-                self._conns.pop(conn_id, None)
+                self.admission.release(conn_id)
                 if learner is not None:
                     m = self.members.disconnect(learner, conn_id)
                     if m is not None:
                         self.events.emit("leave", learner=learner, incarnation=m.incarnation, reason=reason)
                 self.cond.notify_all()
 
-    def _reject(self, reason: str, detail: str, learner: int | None, peer: tuple) -> None:
+    def _refuse(self, channel: wire.Channel | None, exc: ProtocolError, learner: int | None, peer: tuple) -> None:
+        """Count and report a refusal, and answer it with ERROR when a session exists."""
+        if exc.reason in ADMISSION_REASONS:
+            with self.cond:
+                self.counters[f"refused_{exc.reason}"] += 1
+                self.counters["refused_connections"] += 1
+            self.report("connection_refused", exc.reason, detail=exc.detail, peer=f"{peer[0]}:{peer[1]}")
+        else:
+            self._reject(exc.reason, exc.detail, learner, peer)
+        if channel is None or exc.reason == Reason.HANDSHAKE_TIMEOUT:
+            return
+        try:
+            sent = channel.send(wire.message(FrameType.ERROR, {"reason": str(exc.reason), "detail": exc.detail[:1000]}),
+                                time.monotonic() + 1.0)
+            self.counters["bytes_out"] += sent
+        except (OSError, wire.DeadlineExceeded):
+            pass
+
+    def _reject(self, reason: Reason | str, detail: str, learner: int | None, peer: tuple) -> None:
         with self.cond:
             self.counters[f"rejected_{reason}"] += 1
             self.counters["rejected_frames"] += 1
-        self.events.emit("frame_rejected", reason=reason, detail=detail, from_learner=learner,
-                         peer=f"{peer[0]}:{peer[1]}")
+        self.report("frame_rejected", reason, detail=detail, from_learner=learner, peer=f"{peer[0]}:{peer[1]}")
 
     def _dispatch(self, frame: wire.Frame, conn_id: int, learner: int | None,
-                  sock: socket.socket) -> tuple[bytes | None, int | None]:
-        if frame.type == wire.HELLO:
+                  sock: socket.socket) -> tuple[wire.Message | None, int | None]:
+        if frame.type == FrameType.HELLO:
             return self._on_hello(frame, conn_id), wire.header_int(frame.header, "learner")
-        assert learner is not None
+        if learner is None:
+            raise wire.FrameError(Reason.PROTOCOL, f"{frame.type} before a HELLO was welcomed")
         with self.cond:
             m = self.members.current(learner, conn_id)
             if m is None:
@@ -450,11 +542,11 @@ class Syncer:
         if frame.type == wire.GRAD:
             return self._on_grad(frame, learner, conn_id, sock), learner
         if frame.type not in handlers:
-            raise wire.FrameError("protocol", f"unexpected frame type {frame.type!r}")
+            raise wire.FrameError(Reason.PROTOCOL, f"unexpected frame type {frame.type!r}")
         return handlers[frame.type](frame, learner), learner
 
-    def _reply(self, ftype: str, header: dict, tensors: dict[str, torch.Tensor] | None = None) -> bytes:
-        return wire.encode_frame(self.secret, ftype, header, tensors)
+    def _reply(self, ftype: FrameType, header: dict, tensors: dict[str, torch.Tensor] | None = None) -> wire.Message:
+        return wire.message(ftype, header, tensors)
 
     def _versions(self) -> list[int]:
         return [f.version for f in self.frags]
@@ -466,10 +558,10 @@ class Syncer:
         nonce = wire.header_str(h, "nonce")
         mode = wire.header_str(h, "mode")
         if mode != self.train.mode:
-            raise Refused("mode_mismatch", f"syncer runs in {self.train.mode} mode, learner asked for {mode}")
+            raise ProtocolError(Reason.MODE_MISMATCH, f"syncer runs in {self.train.mode} mode, learner asked for {mode}")
         problem = self.members.check_learner(learner)
         if problem:
-            raise Refused("bad_learner", problem)
+            raise ProtocolError(Reason.BAD_LEARNER, problem)
         want_params = bool(h.get("want_params", True))
         with self.cond:
             joined = self.members.join(learner, nonce, conn_id, time.monotonic())
@@ -502,27 +594,29 @@ class Syncer:
             m = self.members.members.get(learner)
             if m is not None:
                 self.members.finish(m)
-        return self._reply(wire.ACK, {"status": "bye"})
+        return self._reply(FrameType.ACK, {"status": Status.BYE})
 
     def _on_pull(self, frame: wire.Frame, learner: int) -> bytes:
         if self.sync is not None:
-            raise Refused("protocol", "PULL is for decoupled mode")
+            raise ProtocolError(Reason.PROTOCOL, "PULL is for decoupled mode")
         index = wire.header_int(frame.header, "fragment")
         if index >= len(self.frags):
-            raise Refused("bad_fragment", f"fragment {index} does not exist (0..{len(self.frags) - 1})")
+            raise ProtocolError(Reason.BAD_FRAGMENT, f"fragment {index} does not exist (0..{len(self.frags) - 1})")
         with self.cond:
             frag = self.frags[index]
             header = {"fragment": index, "version": frag.version, "encoding": self.train.pull_encoding}
             params = {n: t.clone() for n, t in frag.params.items()}
         return self._reply(wire.FRAGMENT, header, encode(params, self.train.pull_encoding))
 
-    def _on_push(self, frame: wire.Frame, learner: int) -> bytes:
+    def _on_push(self, frame: wire.Frame, learner: int) -> wire.Message:
+        """Validate a push against the run (validation.py), make it durable, then ACK it.
+        Nothing a push claims is acknowledged before it is checked."""
         if self.sync is not None:
-            raise Refused("protocol", "PUSH is for decoupled mode")
+            raise ProtocolError(Reason.PROTOCOL, "PUSH is for decoupled mode")
         h = frame.header
         index = wire.header_int(h, "fragment")
         if index >= len(self.frags):
-            raise Refused("bad_fragment", f"fragment {index} does not exist (0..{len(self.frags) - 1})")
+            raise ProtocolError(Reason.BAD_FRAGMENT, f"fragment {index} does not exist (0..{len(self.frags) - 1})")
         incarnation = wire.header_int(h, "incarnation", 1)
         seq = wire.header_int(h, "seq", 1)
         base_version = wire.header_int(h, "base_version")
@@ -536,24 +630,36 @@ class Syncer:
         try:
             delta = decode(frame.tensors(), encoding, {n: self.shapes[n] for n in spec.names})
         except ValueError as exc:
-            raise wire.FrameError("bad_tensor", str(exc)) from exc
+            raise ProtocolError(Reason.BAD_TENSOR, str(exc)) from exc
+        per_round_norm = tensor_norm(delta) * round_scale(steps, self.train.sync_every)
         ident = push_id(learner, incarnation, seq)
         with self.cond:
             m = self.members.members[learner]
             if incarnation != m.incarnation:
-                raise Refused("bad_incarnation", f"push from incarnation {incarnation}, current is {m.incarnation}")
+                raise ProtocolError(Reason.BAD_INCARNATION,
+                                    f"push from incarnation {incarnation}, current is {m.incarnation}")
             frag = self.frags[index]
-            if frag.known(ident) and self.defect != "double_apply":
+            if base_version > frag.version:
+                raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                                    f"base_version={base_version} is ahead of fragment {index}'s version {frag.version}")
+            known = frag.known(ident)
+            if not known:
+                self.bounds.check_counts(steps=steps, tokens=tokens, step_tokens=step_tokens,
+                                         claimed=m.claimed.get(index, 0), elapsed=time.time() - m.since)
+                self.norms[index].check(per_round_norm, lambda: tensor_norm(frag.params))
+            if known and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
-                status = "duplicate"
+                status = Status.DUPLICATE
             elif frag.version - base_version > self.cfg.max_staleness:
                 self.counters["dropped_stale"] += 1
-                status = "stale"
+                status = Status.STALE
             else:
-                status = "accepted"
+                status = Status.ACCEPTED
                 frag.merging.add(ident)  # reserve the id while its file is written
+                m.claimed[index] = m.claimed.get(index, 0) + steps
+                self.norms[index].note(per_round_norm)
             version = frag.version
-        if status == "accepted":
+        if status == Status.ACCEPTED:
             contribution = Contribution(learner, incarnation, seq, tokens, base_version, delta, steps)
             path = self.store.pending_path(index, ident)
             meta = {"fragment": index, "learner": learner, "incarnation": incarnation, "seq": seq,
@@ -584,29 +690,29 @@ class Syncer:
             self.events.emit("push_accepted", learner=learner, incarnation=incarnation, seq=seq, id=ident,
                              fragment=index, base_version=base_version, version=version, tokens=tokens,
                              steps=steps, encoding=encoding, wire_bytes=frame.wire_bytes, state_bytes=nbytes)
-        elif status == "duplicate":
+        elif status == Status.DUPLICATE:
             self.events.emit("push_duplicate", learner=learner, incarnation=incarnation, seq=seq, id=ident,
                              fragment=index)
         else:
             self.events.emit("push_dropped", learner=learner, incarnation=incarnation, seq=seq, id=ident,
-                             fragment=index, reason="stale", staleness=version - base_version,
+                             fragment=index, reason=Status.STALE, staleness=version - base_version,
                              max_staleness=self.cfg.max_staleness, tokens=tokens)
         with self.cond:
             versions = self._versions()
         return self._reply(wire.ACK, {"seq": seq, "fragment": index, "status": status, "version": version,
                                       "versions": versions})
 
-    def _on_grad(self, frame: wire.Frame, learner: int, conn_id: int, sock: socket.socket) -> bytes | None:
+    def _on_grad(self, frame: wire.Frame, learner: int, conn_id: int, sock: socket.socket) -> wire.Message | None:
         if self.sync is None:
-            raise Refused("protocol", "GRAD is for sync mode")
+            raise ProtocolError(Reason.PROTOCOL, "GRAD is for sync mode")
         h = frame.header
         rnd = wire.header_int(h, "round")
-        tokens = wire.header_int(h, "tokens")
+        tokens = wire.header_int(h, "tokens", maximum=self.bounds.max_step_tokens)
         position = wire.header_int(h, "position")
         try:
             grads = decode(frame.tensors(), "fp32", self.shapes)
         except ValueError as exc:
-            raise wire.FrameError("bad_tensor", str(exc)) from exc
+            raise ProtocolError(Reason.BAD_TENSOR, str(exc)) from exc
         with self.cond:
             m = self.members.current(learner, conn_id)
             if m is None:
@@ -758,19 +864,8 @@ class Syncer:
         per_step = sum(self.step_tokens.get(m.learner, mean) for m in self.members.weighed())
         return float(self.train.sync_every * per_step)
 
-    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
-        """Apply one outer step to a fragment. Called under the lock, which it releases
-        while the new state is written.
-
-        The durable write of the new fragment file is the commit point: only after it
-        are the pending files deleted and the new version served. Pushes accepted during
-        the write stay pending for the next merge.
-        """
-        started = time.monotonic()
-        taken = list(frag.pending)
-        frag.pending = []
-        contribs = [p.contribution for p in taken]
-        frag.merging.update(c.ident for c in contribs)
+    def _outer_step(self, frag: FragmentState, contribs: list[Contribution]) -> "OuterStep":
+        """The new state of a fragment after merging `contribs`, computed on copies."""
         expected = self._round_tokens(contribs)
         policy = self.cfg.staleness_policy
         staleness = [frag.version - c.base_version for c in contribs]
@@ -793,9 +888,64 @@ class Syncer:
             nesterov_step(params, momentum, delta, OuterConfig(self.outer.lr, mu), fraction)
             outer = {"step": "nesterov", "momentum_step": True, "round_fraction": round(fraction, 4),
                      "momentum": round(mu, 4)}
-        finite = all(bool(torch.isfinite(t).all()) for t in params.values())
-        if not finite:
-            self.counters["nonfinite_merges"] += 1
+        finite = all(bool(torch.isfinite(t).all()) for t in (*params.values(), *momentum.values(), *accum.values()))
+        return OuterStep(expected, staleness, raw, factors, weights, params, momentum, accum, accum_count, outer,
+                         finite)
+
+    def _mergeable_step(self, frag: FragmentState,
+                        taken: list[PendingPush]) -> tuple["OuterStep | None", list[PendingPush]]:
+        """The outer step over the pushes that can be merged, and those pushes. A push that
+        makes the merge raise or turn Θ non-finite is quarantined, and the merge goes on
+        with the others: one bad push never takes the good ones down with it, and a
+        non-finite Θ is never committed."""
+        kept = list(taken)
+        for _ in range(len(taken)):
+            try:
+                step = self._outer_step(frag, [p.contribution for p in kept])
+                if step.finite:
+                    return step, kept
+                reason, detail = Reason.NONFINITE_MERGE, "merging it would make the global parameters non-finite"
+            except Exception as exc:  # noqa: BLE001 - whatever a push holds, the others still merge
+                reason, detail = Reason.MERGE_ERROR, f"{type(exc).__name__}: {exc}"
+            culprit = self._culprit(frag, kept)
+            self.quarantine.put(culprit.path, culprit.contribution.ident, frag.spec.index,
+                                culprit.contribution.learner, reason, detail, acknowledged=True)
+            frag.merging.discard(culprit.contribution.ident)
+            kept.remove(culprit)
+            if not kept:
+                break
+        return None, []
+
+    def _culprit(self, frag: FragmentState, kept: list[PendingPush]) -> PendingPush:
+        """The push that cannot be merged even alone, else the one with the largest norm."""
+        for p in kept:
+            try:
+                if not self._outer_step(frag, [p.contribution]).finite:
+                    return p
+            except Exception:  # noqa: BLE001
+                return p
+        return max(kept, key=lambda p: tensor_norm(p.contribution.delta))
+
+    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
+        """Apply one outer step to a fragment. Called under the lock, which it releases
+        while the new state is written.
+
+        The durable write of the new fragment file is the commit point: only after it
+        are the pending files deleted and the new version served. Pushes accepted during
+        the write stay pending for the next merge.
+        """
+        started = time.monotonic()
+        taken = list(frag.pending)
+        frag.pending = []
+        frag.merging.update(p.contribution.ident for p in taken)
+        step, taken = self._mergeable_step(frag, taken)
+        if step is None:  # every push was quarantined: nothing to commit
+            return
+        contribs = [p.contribution for p in taken]
+        expected, staleness, raw, factors, weights = step.expected, step.staleness, step.raw, step.factors, step.weights
+        params, momentum, accum, accum_count, outer = step.params, step.momentum, step.accum, step.accum_count, step.outer
+        policy = self.cfg.staleness_policy
+        finite = True
         applied = frag.applied + [c.ident for c in contribs]
         tokens = frag.tokens + sum(max(0, c.tokens) for c in contribs)
         rounds = frag.rounds + round_fraction(weights)

@@ -1,16 +1,30 @@
-"""Length-prefixed, authenticated frames over one persistent TCP connection.
+"""Length-prefixed frames over one TCP connection, authenticated per connection.
 
-Layout of one frame (network byte order):
+Handshake (TLS-PSK style: both sides contribute a random, the key binds both):
+
+    learner → syncer   magic "ISLD" | version u8 | 3 pad | client random (32 B)   (40 bytes)
+    syncer → learner   magic "ISLD" | version u8 | 3 pad | server random (32 B)   (40 bytes)
+    session key K = HMAC-SHA256(secret, "islands/2 session" | client random | server random)
+
+Every frame after it (network byte order):
 
     magic "ISLD" | version u8 | 3 pad | header_len u32 | payload_len u64   (20 bytes)
     header: UTF-8 JSON object (type, learner, incarnation, seq, ..., crc32)
     payload: safetensors bytes (or empty)
-    mac: HMAC-SHA256(secret, prefix + header + payload)                    (32 bytes)
+    mac: HMAC-SHA256(K, direction | counter u64 | prefix + header + payload)  (32 bytes)
 
-Why this shape: lengths come first so caps are enforced before any allocation; the MAC
-covers everything, so nothing unauthenticated is parsed beyond the fixed prefix; tensors
-travel as safetensors, which cannot execute code (no pickle, ever); the crc32 in the
-header catches corruption independently of the MAC and names it precisely.
+Why this shape. Lengths come first, so caps are enforced before anything is read; the
+first frame of a connection (HELLO) may carry no payload and at most HELLO_MAX_HEADER
+bytes of header, so a peer that has not proven the secret gets a few KiB of memory at
+most; later frames are read as they arrive, so memory follows the bytes sent, not the
+length claimed. The MAC key is fresh per connection and each direction counts its frames
+(as TLS records and SSH packets do), so a captured frame is worthless anywhere else: a
+replayed HELLO on a new connection, or a PUSH replayed on its own connection, fails the
+MAC. We chose the TLS shape over SSH's (key exchange + signatures) because both ends
+already share a secret: a PSK handshake needs no public-key machinery, one round trip,
+and no state beyond the two randoms. Tensors travel as safetensors, which cannot execute
+code (no pickle, ever); the crc32 in the header catches corruption independently of the
+MAC and names it precisely. Headers are parsed with bounded depth, length and numbers.
 """
 from __future__ import annotations
 
@@ -18,6 +32,7 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -29,35 +44,36 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .protocol import REPLY_TYPES, REQUEST_TYPES, FrameFault, FrameType, Reason
+
 MAGIC = b"ISLD"
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("!4sB3xIQ")
+HANDSHAKE = struct.Struct("!4sB3x32s")
+RANDOM_BYTES = 32
 MAC_LEN = 32
+COUNTER = struct.Struct("!Q")
 MAX_HEADER_BYTES = 64 * 1024
+HELLO_MAX_HEADER = 4 * 1024      # the first frame, read before the peer is authenticated
+MAX_HEADER_DEPTH = 8             # nesting of JSON arrays/objects in a header
+MAX_NUMBER_CHARS = 32            # a JSON number literal (ints in headers are < 2^53)
+MAX_SAFE_INT = 2 ** 53 - 1       # what every count in a header must stay under (JSON-safe)
+RECV_CHUNK = 1 << 20
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 SECRET_ENV = "ISLANDS_SECRET"
 SECRET_FILE_ENV = "ISLANDS_SECRET_FILE"
 MIN_SECRET_BYTES = 16
+_KEY_LABEL = b"islands/2 session"
 
-# Frame types. Requests go learner -> syncer; each gets exactly one reply.
-HELLO, WELCOME = "HELLO", "WELCOME"
-PUSH, ACK = "PUSH", "ACK"
-HEARTBEAT, BEAT = "HEARTBEAT", "BEAT"
-PULL, FRAGMENT = "PULL", "FRAGMENT"
-GRAD, MEAN = "GRAD", "MEAN"
-BYE = "BYE"
-ERROR = "ERROR"
-REQUEST_TYPES = {HELLO, PUSH, HEARTBEAT, PULL, GRAD, BYE}
-REPLY_TYPES = {WELCOME, ACK, BEAT, FRAGMENT, MEAN, ERROR}
-
-
-class FrameError(Exception):
-    """A frame that must be refused. `reason` is a short stable code for counting."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+# Frame types, under their old names (the enum is the one list).
+HELLO, WELCOME = FrameType.HELLO, FrameType.WELCOME
+PUSH, ACK = FrameType.PUSH, FrameType.ACK
+HEARTBEAT, BEAT = FrameType.HEARTBEAT, FrameType.BEAT
+PULL, FRAGMENT = FrameType.PULL, FrameType.FRAGMENT
+GRAD, MEAN = FrameType.GRAD, FrameType.MEAN
+BYE = FrameType.BYE
+ERROR = FrameType.ERROR
+FrameError = FrameFault  # the name wire errors had before protocol.py
 
 
 class PeerClosed(ConnectionError):
@@ -70,7 +86,7 @@ class DeadlineExceeded(TimeoutError):
 
 @dataclass
 class Frame:
-    type: str
+    type: FrameType
     header: dict
     payload: bytes = b""
     wire_bytes: int = 0
@@ -85,8 +101,23 @@ class Frame:
                 try:
                     self._tensors = st_load(self.payload)
                 except Exception as exc:  # safetensors raises its own error types
-                    raise FrameError("bad_payload", f"payload is not valid safetensors: {exc}") from exc
+                    raise FrameFault(Reason.BAD_PAYLOAD, f"payload is not valid safetensors: {exc}") from exc
         return self._tensors
+
+
+@dataclass(frozen=True)
+class Message:
+    """A frame's content, serialised once and sealed per connection: a retried push is the
+    same header and payload (the syncer's ledger knows it by id), signed for the
+    connection it goes out on."""
+
+    type: FrameType
+    head: bytes
+    payload: bytes
+
+    @property
+    def wire_size(self) -> int:
+        return PREFIX.size + len(self.head) + len(self.payload) + MAC_LEN
 
 
 def load_secret(secret_file: str | None = None) -> bytes:
@@ -113,24 +144,86 @@ def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
     return st_save({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
 
 
-def encode_frame(secret: bytes, ftype: str, header: dict | None = None,
-                 tensors: dict[str, torch.Tensor] | None = None, payload: bytes | None = None) -> bytes:
+def message(ftype: FrameType | str, header: dict | None = None, tensors: dict[str, torch.Tensor] | None = None,
+            payload: bytes | None = None) -> Message:
+    """Serialise a frame's header and payload (not yet signed: see Session.seal)."""
     if payload is None:
         payload = pack_tensors(tensors or {})
     head = dict(header or {})
-    head["type"] = ftype
+    head["type"] = str(ftype)
     head["crc32"] = zlib.crc32(payload)
     head_bytes = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
     if len(head_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(head_bytes)} bytes, over the {MAX_HEADER_BYTES} cap")
-    prefix = PREFIX.pack(MAGIC, VERSION, len(head_bytes), len(payload))
-    mac = hmac.new(secret, prefix + head_bytes + payload, hashlib.sha256).digest()
-    return b"".join((prefix, head_bytes, payload, mac))
+    return Message(FrameType(ftype), head_bytes, payload)
 
 
-def _recv_exact(sock: socket.socket, n: int, deadline: float, at_boundary: bool = False) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
+# ----------------------------------------------------------------------------- sessions
+
+def derive_key(secret: bytes, client_random: bytes, server_random: bytes) -> bytes:
+    return hmac.new(secret, _KEY_LABEL + client_random + server_random, hashlib.sha256).digest()
+
+
+class Session:
+    """One connection's key and frame counters, for one side of it.
+
+    Each direction numbers its frames from 0; a frame's MAC covers its direction and
+    number, so frames cannot be replayed, reordered or reflected back to their sender."""
+
+    def __init__(self, key: bytes, client: bool) -> None:
+        self._key = key
+        self._out, self._in = (b"C", b"S") if client else (b"S", b"C")
+        self.sent = 0
+        self.received = 0
+
+    def _mac(self, direction: bytes, counter: int) -> "hmac.HMAC":
+        return hmac.new(self._key, direction + COUNTER.pack(counter), hashlib.sha256)
+
+    def seal(self, msg: Message) -> bytes:
+        prefix = PREFIX.pack(MAGIC, VERSION, len(msg.head), len(msg.payload))
+        mac = self._mac(self._out, self.sent)
+        for part in (prefix, msg.head, msg.payload):
+            mac.update(part)
+        self.sent += 1
+        return b"".join((prefix, msg.head, msg.payload, mac.digest()))
+
+    def inbound_mac(self) -> "hmac.HMAC":
+        return self._mac(self._in, self.received)
+
+
+def _check_hello(data: bytes, who: str) -> bytes:
+    magic, version, random = HANDSHAKE.unpack(data)
+    if magic != MAGIC:
+        raise FrameFault(Reason.BAD_MAGIC, f"{who} handshake starts with {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise FrameFault(Reason.BAD_VERSION, f"{who} speaks wire version {version}, expected {VERSION}")
+    return random
+
+
+def client_handshake(sock: socket.socket, secret: bytes, deadline: float) -> Session:
+    """Send our random, read the server's: the session for this connection."""
+    client_random = os.urandom(RANDOM_BYTES)
+    send_all(sock, HANDSHAKE.pack(MAGIC, VERSION, client_random), deadline)
+    server_random = _check_hello(_recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True), "server")
+    return Session(derive_key(secret, client_random, server_random), client=True)
+
+
+def server_handshake(sock: socket.socket, secret: bytes, deadline: float) -> Session:
+    """Read the client's random (40 fixed bytes: all an unauthenticated peer can make us
+    read before its HELLO), answer with ours."""
+    client_random = _check_hello(_recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True), "client")
+    server_random = os.urandom(RANDOM_BYTES)
+    send_all(sock, HANDSHAKE.pack(MAGIC, VERSION, server_random), deadline)
+    return Session(derive_key(secret, client_random, server_random), client=False)
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _recv_exact(sock: socket.socket, n: int, deadline: float, at_boundary: bool = False,
+                mac: "hmac.HMAC | None" = None) -> bytes:
+    """n bytes, read as they arrive (at most RECV_CHUNK at a time, so memory follows what
+    was sent, not what a prefix claimed), fed to `mac` on the way."""
+    chunks: list[bytes] = []
     got = 0
     while got < n:
         remaining = deadline - time.monotonic()
@@ -138,46 +231,92 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, at_boundary: bool 
             raise DeadlineExceeded(f"timed out reading a frame ({got}/{n} bytes)")
         sock.settimeout(remaining)
         try:
-            k = sock.recv_into(view[got:], n - got)
+            chunk = sock.recv(min(n - got, RECV_CHUNK))
         except socket.timeout as exc:
             raise DeadlineExceeded(f"timed out reading a frame ({got}/{n} bytes)") from exc
-        if k == 0:
+        if not chunk:
             if got == 0 and at_boundary:
                 raise PeerClosed("connection closed by peer")
-            raise FrameError("truncated", f"connection closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
+            raise FrameFault(Reason.TRUNCATED, f"connection closed after {got} of {n} bytes")
+        if mac is not None:
+            mac.update(chunk)
+        chunks.append(chunk)
+        got += len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, secret: bytes, deadline: float,
-               max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
-    """Read and verify one frame. Raises FrameError (refuse), PeerClosed or DeadlineExceeded."""
+def read_frame(sock: socket.socket, session: Session, deadline: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
+               max_header: int = MAX_HEADER_BYTES) -> Frame:
+    """Read and verify one frame. Raises ProtocolError (refuse), PeerClosed or DeadlineExceeded."""
     prefix = _recv_exact(sock, PREFIX.size, deadline, at_boundary=True)
     magic, version, head_len, payload_len = PREFIX.unpack(prefix)
     if magic != MAGIC:
-        raise FrameError("bad_magic", f"frame starts with {magic!r}, expected {MAGIC!r}")
+        raise FrameFault(Reason.BAD_MAGIC, f"frame starts with {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
-        raise FrameError("bad_version", f"frame version {version}, expected {VERSION}")
-    if head_len > MAX_HEADER_BYTES:
-        raise FrameError("oversized", f"header of {head_len} bytes exceeds the {MAX_HEADER_BYTES} cap")
+        raise FrameFault(Reason.BAD_VERSION, f"frame version {version}, expected {VERSION}")
+    if head_len > max_header:
+        raise FrameFault(Reason.OVERSIZED, f"header of {head_len} bytes exceeds the {max_header} cap")
     if payload_len > max_payload:
-        raise FrameError("oversized", f"payload of {payload_len} bytes exceeds the {max_payload} cap")
-    body = _recv_exact(sock, head_len + payload_len + MAC_LEN, deadline)
-    head_bytes, payload, mac = body[:head_len], body[head_len:head_len + payload_len], body[-MAC_LEN:]
-    expected = hmac.new(secret, prefix + head_bytes + payload, hashlib.sha256).digest()
-    if not hmac.compare_digest(mac, expected):
-        raise FrameError("bad_mac", "HMAC does not match: wrong secret or tampered frame")
+        raise FrameFault(Reason.OVERSIZED, f"payload of {payload_len} bytes exceeds the {max_payload} cap")
+    mac = session.inbound_mac()
+    mac.update(prefix)
+    head_bytes = _recv_exact(sock, head_len, deadline, mac=mac) if head_len else b""
+    payload = _recv_exact(sock, payload_len, deadline, mac=mac) if payload_len else b""
+    got_mac = _recv_exact(sock, MAC_LEN, deadline)
+    if not hmac.compare_digest(got_mac, mac.digest()):
+        raise FrameFault(Reason.BAD_MAC, "HMAC does not match: wrong secret, tampered, or replayed frame")
+    session.received += 1
+    header = parse_header(head_bytes)
     try:
-        header = json.loads(head_bytes)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FrameError("bad_header", f"header is not JSON: {exc}") from exc
-    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
-        raise FrameError("bad_header", "header must be a JSON object with a string 'type'")
+        ftype = FrameType(header.get("type"))
+    except ValueError:
+        raise FrameFault(Reason.BAD_HEADER, f"unknown frame type {header.get('type')!r}") from None
     if header.get("crc32") != zlib.crc32(payload):
-        raise FrameError("bad_crc", f"payload crc32 {zlib.crc32(payload)} != header crc32 {header.get('crc32')}")
-    wire = PREFIX.size + len(body)
-    return Frame(header["type"], header, payload, wire)
+        raise FrameFault(Reason.BAD_CRC,
+                            f"payload crc32 {zlib.crc32(payload)} != header crc32 {header.get('crc32')}")
+    return Frame(ftype, header, payload, PREFIX.size + head_len + payload_len + MAC_LEN)
 
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(rb"[\[\]{}]")
+
+
+def _nesting(raw: bytes) -> int:
+    depth = deepest = 0
+    for b in _BRACKETS.findall(_STRINGS.sub(b'""', raw)):
+        depth += 1 if b in (b"[", b"{") else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _bounded_number(text: str, kind: type) -> object:
+    if len(text) > MAX_NUMBER_CHARS:
+        raise FrameFault(Reason.BAD_HEADER, f"a number of {len(text)} characters (at most {MAX_NUMBER_CHARS})")
+    return kind(text)
+
+
+def _no_constant(name: str) -> object:
+    raise FrameFault(Reason.BAD_HEADER, f"{name} is not a number")
+
+
+def parse_header(raw: bytes) -> dict:
+    """A JSON object of bounded depth and number size; anything else is BAD_HEADER (never
+    a RecursionError or the 4,300-digit ValueError escaping to the connection thread)."""
+    if _nesting(raw) > MAX_HEADER_DEPTH:
+        raise FrameFault(Reason.BAD_HEADER, f"header nests deeper than {MAX_HEADER_DEPTH} levels")
+    try:
+        header = json.loads(raw, parse_int=lambda s: _bounded_number(s, int),
+                            parse_float=lambda s: _bounded_number(s, float), parse_constant=_no_constant)
+    except FrameFault:
+        raise
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise FrameFault(Reason.BAD_HEADER, f"header is not JSON: {exc}") from exc
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise FrameFault(Reason.BAD_HEADER, "header must be a JSON object with a string 'type'")
+    return header
+
+
+# ----------------------------------------------------------------------------- writing
 
 def send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
     view = memoryview(data)
@@ -193,17 +332,54 @@ def send_all(sock: socket.socket, data: bytes, deadline: float) -> None:
             raise DeadlineExceeded(f"timed out sending a frame ({sent}/{len(data)} bytes)") from exc
 
 
-def header_int(header: dict, key: str, minimum: int = 0) -> int:
-    """A required integer header field, or FrameError naming it."""
+class Channel:
+    """A connected socket and its session: what both ends send and read frames through."""
+
+    def __init__(self, sock: socket.socket, session: Session) -> None:
+        self.sock = sock
+        self.session = session
+
+    @classmethod
+    def connect(cls, sock: socket.socket, secret: bytes, deadline: float) -> "Channel":
+        return cls(sock, client_handshake(sock, secret, deadline))
+
+    def send(self, msg: Message, deadline: float) -> int:
+        data = self.session.seal(msg)
+        send_all(self.sock, data, deadline)
+        return len(data)
+
+    def recv(self, deadline: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
+             max_header: int = MAX_HEADER_BYTES) -> Frame:
+        return read_frame(self.sock, self.session, deadline, max_payload, max_header)
+
+    def request(self, msg: Message, deadline: float, max_payload: int = DEFAULT_MAX_PAYLOAD) -> Frame:
+        self.send(msg, deadline)
+        return self.recv(deadline, max_payload)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# ----------------------------------------------------------------------------- header fields
+
+def header_int(header: dict, key: str, minimum: int = 0, maximum: int = MAX_SAFE_INT) -> int:
+    """A required integer header field in [minimum, maximum], or BAD_HEADER naming it."""
     value = header.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise FrameError("bad_header", f"header field {key!r} must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise FrameFault(Reason.BAD_HEADER,
+                            f"header field {key!r} must be an integer in [{minimum}, {maximum}], got {value!r}")
     return value
 
 
-def header_str(header: dict, key: str, choices: tuple[str, ...] | None = None) -> str:
+def header_str(header: dict, key: str, choices: tuple[str, ...] | None = None, max_len: int = 256) -> str:
     value = header.get(key)
-    if not isinstance(value, str) or (choices is not None and value not in choices):
-        allowed = f" (one of {', '.join(choices)})" if choices else ""
-        raise FrameError("bad_header", f"header field {key!r} must be a string{allowed}, got {value!r}")
+    if not isinstance(value, str) or len(value) > max_len or (choices is not None and value not in choices):
+        allowed = f" (one of {', '.join(choices)})" if choices else f" of at most {max_len} characters"
+        raise FrameFault(Reason.BAD_HEADER, f"header field {key!r} must be a string{allowed}, got {value!r:.80}")
     return value
+
+
+__all__ = ["ACK", "BEAT", "BYE", "ERROR", "FRAGMENT", "GRAD", "HELLO", "HEARTBEAT", "MEAN", "PULL", "PUSH",
+           "REPLY_TYPES", "REQUEST_TYPES", "WELCOME", "Channel", "DeadlineExceeded", "Frame", "FrameError",
+           "Message", "PeerClosed", "Session", "client_handshake", "header_int", "header_str", "load_secret",
+           "message", "parse_header", "read_frame", "send_all", "server_handshake"]

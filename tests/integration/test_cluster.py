@@ -123,6 +123,11 @@ def _raw(port: int, data: bytes) -> bytes:
         return b"".join(chunks)
 
 
+def _handshake_bytes() -> bytes:
+    """A client's opening 40 bytes, as wire.client_handshake sends them."""
+    return wire.HANDSHAKE.pack(wire.MAGIC, wire.VERSION, os.urandom(wire.RANDOM_BYTES))
+
+
 def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
     cluster = make_cluster(run_dir, learners=3, start_learners=2)
     try:
@@ -130,32 +135,26 @@ def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
         secret = cluster.secret_file.read_bytes().strip()
         port = cluster.port
         _raw(port, os.urandom(4096))                                             # garbage
-        _raw(port, wire.encode_frame(b"w" * 32, wire.HELLO, {"learner": 3, "nonce": "x", "mode": "decoupled"}))
-        _raw(port, wire.PREFIX.pack(wire.MAGIC, wire.VERSION, 10, 1 << 40))      # oversized
+        _raw(port, _handshake_bytes() + wire.Session(os.urandom(32), client=True).seal(   # wrong key
+            wire.message(wire.HELLO, {"learner": 3, "nonce": "x", "mode": "decoupled"})))
+        _raw(port, _handshake_bytes() + wire.PREFIX.pack(wire.MAGIC, wire.VERSION, 10, 1 << 40))  # oversized
         # An authenticated learner-3 that sends a NaN and a wrong-shape pseudo-gradient.
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             deadline = time.monotonic() + 10
-            wire.send_all(s, wire.encode_frame(secret, wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
-                                                                    "want_params": True}), deadline)
-            welcome = wire.read_frame(s, secret, deadline)
+            channel = wire.Channel.connect(s, secret, deadline)
+            welcome = channel.request(wire.message(wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
+                                                                "want_params": True}), deadline)
             names = welcome.header["fragments"][0]
             params = welcome.tensors()
             delta = {n: torch.zeros_like(params[n]) for n in names}
             delta[names[0]][0] = float("nan")
             header = {"learner": 3, "incarnation": welcome.header["incarnation"], "seq": 1, "fragment": 0,
                       "base_version": 0, "tokens": 1, "steps": 1, "position": 0, "encoding": "fp32"}
-            wire.send_all(s, wire.encode_frame(secret, wire.PUSH, header, encode(delta, "fp32")), deadline)
-            reply = wire.read_frame(s, secret, deadline)
+            reply = channel.request(wire.message(wire.PUSH, header, encode(delta, "fp32")), deadline)
             assert reply.type == wire.ERROR and reply.header["reason"] == "bad_tensor", reply.header
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-            deadline = time.monotonic() + 10
-            wire.send_all(s, wire.encode_frame(secret, wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
-                                                                    "want_params": False}), deadline)
-            welcome = wire.read_frame(s, secret, deadline)
+            # A refused push leaves the connection in step: the next request is served.
             wrong = {n: torch.zeros(3) for n in names}
-            header["incarnation"] = welcome.header["incarnation"]
-            wire.send_all(s, wire.encode_frame(secret, wire.PUSH, header, encode(wrong, "fp32")), deadline)
-            reply = wire.read_frame(s, secret, deadline)
+            reply = channel.request(wire.message(wire.PUSH, header, encode(wrong, "fp32")), deadline)
             assert reply.type == wire.ERROR and reply.header["reason"] == "bad_tensor", reply.header
         refused_at = time.monotonic()
         wait_for(run_dir, "two merges after the bad frames",

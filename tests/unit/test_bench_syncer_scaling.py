@@ -64,11 +64,12 @@ def test_a_pushers_frame_is_what_the_syncer_reads_and_decodes():
     assert wire.header_str(header, "encoding") == "int8"
     secret = b"s" * 32
     payload = wire.pack_tensors(encode({n: torch.randn(s) for n, s in shapes.items()}, "int8"))
-    data = wire.encode_frame(secret, wire.PUSH, header, payload=payload)
+    key = wire.derive_key(secret, b"c" * 32, b"s" * 32)
+    data = wire.Session(key, client=True).seal(wire.message(wire.PUSH, header, payload=payload))
     a, b = socket.socketpair()
     try:
         a.sendall(data)
-        frame = wire.read_frame(b, secret, time.monotonic() + 5)
+        frame = wire.read_frame(b, wire.Session(key, client=False), time.monotonic() + 5)
     finally:
         a.close()
         b.close()

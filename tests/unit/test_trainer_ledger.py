@@ -7,7 +7,6 @@ Expected parameters are computed independently with torch.optim.SGD(nesterov=Tru
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 import time
 from pathlib import Path
@@ -17,164 +16,12 @@ import torch
 
 import trainer.syncer as syncer_mod
 from trainer import wire
-from trainer.codec import encode
 from trainer.config import SyncerConfig, TrainConfig
-from trainer.events import iter_file
-from trainer.model import ModelConfig, build_model
 from trainer.syncer import Syncer
 
-SECRET = b"ledger-test-secret-0123456789"
-MODEL = ModelConfig(n_layer=1, n_embd=16, n_head=2, block_size=8)
-SEED = 11
-LR, MU = 0.7, 0.9
-H, BATCH = 4, 16
-# One full round of one learner: H steps x batch x block tokens. With L live learners the
-# syncer normalises by max(Σ T, L x TOKENS), so such a push from the only live learner has
-# weight 1, and two such pushes from two live learners have 1/2 each (outer.py's rule).
-TOKENS = H * BATCH * MODEL.block_size
-TIMEOUT = 15.0
-
-
-def train_config(fragments: int = 1) -> TrainConfig:
-    # A long heartbeat timeout: connected test clients stay alive without heartbeats.
-    return TrainConfig(model=MODEL, num_learners=3, sync_every=H, fragments=fragments, seed=SEED,
-                       batch_size=BATCH, heartbeat_interval=0.2, heartbeat_timeout=600.0)
-
-
-def initial_params() -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in build_model(MODEL, SEED).named_parameters()}
-
-
-def sgd_reference(params0: dict[str, torch.Tensor], deltas: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """What the outer optimizer must produce: torch's Nesterov SGD with p.grad = Δ."""
-    names = list(deltas[0])
-    ps = {n: torch.nn.Parameter(params0[n].clone()) for n in names}
-    opt = torch.optim.SGD(list(ps.values()), lr=LR, momentum=MU, nesterov=True)
-    for d in deltas:
-        for n, p in ps.items():
-            p.grad = d[n].clone()
-        opt.step()
-    return {n: p.detach() for n, p in ps.items()}
-
-
-def wait_until(s: Syncer, predicate, what: str, timeout: float = TIMEOUT) -> None:
-    """Wait on the syncer's own condition variable (every merge notifies it)."""
-    with s.cond:
-        ok = s.cond.wait_for(predicate, timeout)
-    assert ok, f"timed out after {timeout}s waiting for {what}"
-
-
-def poll_until(predicate, what: str, timeout: float = TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
-        pause.wait(0.01)
-
-
-class Client:
-    def __init__(self, address: tuple[str, int]) -> None:
-        self.sock = socket.create_connection(address, timeout=10)
-
-    def send(self, data: bytes) -> wire.Frame:
-        wire.send_all(self.sock, data, time.monotonic() + 10)
-        return wire.read_frame(self.sock, SECRET, time.monotonic() + 10)
-
-    def request(self, ftype: str, header: dict | None = None, tensors=None) -> wire.Frame:
-        return self.send(wire.encode_frame(SECRET, ftype, header, tensors))
-
-    def hello(self, learner: int, nonce: str, mode: str = "decoupled") -> wire.Frame:
-        return self.request(wire.HELLO, {"learner": learner, "nonce": nonce, "mode": mode, "want_params": False})
-
-    def expect_closed(self) -> None:
-        with pytest.raises((wire.PeerClosed, ConnectionError)):
-            wire.read_frame(self.sock, SECRET, time.monotonic() + 10)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def push_frame(learner: int, incarnation: int, seq: int, delta: dict[str, torch.Tensor], base_version: int = 0,
-               fragment: int = 0, tokens: int = TOKENS, position: int = 0, encoding: str = "fp32") -> bytes:
-    header = {"learner": learner, "incarnation": incarnation, "seq": seq, "fragment": fragment,
-              "base_version": base_version, "tokens": tokens, "steps": H, "position": position,
-              "encoding": encoding}
-    return wire.encode_frame(SECRET, wire.PUSH, header, encode(delta, encoding))
-
-
-class Rig:
-    def __init__(self, tmp_path: Path) -> None:
-        self.state_dir = tmp_path / "state"
-        self.run_dir = tmp_path / "run"
-        self.syncers: list[Syncer] = []
-        self.clients: list[Client] = []
-
-    def make(self, quorum: int = 1, grace: float = 0.0, max_staleness: int = 4, fragments: int = 1) -> Syncer:
-        # No momentum warm-up: these tests check the arithmetic against torch's Nesterov step.
-        cfg = SyncerConfig(host="127.0.0.1", port=0, state_dir=str(self.state_dir), outer_lr=LR,
-                           outer_momentum=MU, quorum=quorum, grace=grace, max_staleness=max_staleness,
-                           momentum_warmup=0.0)
-        s = Syncer(cfg, train_config(fragments), SECRET, str(self.run_dir))
-        self.syncers.append(s)
-        return s
-
-    def start(self, **kw) -> Syncer:
-        s = self.make(**kw)
-        s.start()
-        return s
-
-    def client(self, s: Syncer) -> Client:
-        assert s.address is not None
-        c = Client(s.address)
-        self.clients.append(c)
-        return c
-
-    def delta(self, s: Syncer, seed: int, fragment: int = 0) -> dict[str, torch.Tensor]:
-        g = torch.Generator().manual_seed(seed)
-        return {n: torch.randn(s.shapes[n], generator=g) * 0.01 for n in s.specs[fragment].names}
-
-    def crash(self, s: Syncer) -> None:
-        """Halt a syncer as SIGKILL would: its threads stop; no final merge, no final state write."""
-        s._running = False
-        if s._listener is not None:
-            s._listener.close()
-        with s.cond:
-            for sock in list(s._conns.values()):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-            s.cond.notify_all()
-        for t in s._threads:
-            t.join(timeout=5)
-        wait_until(s, lambda: not s._conns, "the crashed syncer's connection threads to end")
-        s.events.close()
-
-    def events(self, kind: str | None = None) -> list[dict]:
-        path = self.run_dir / "events" / "syncer.jsonl"
-        return [e for e in iter_file(path) if kind is None or e["kind"] == kind]
-
-    def close(self) -> None:
-        for c in self.clients:
-            c.close()
-        for s in self.syncers:
-            if s._running:
-                s.stop(reason="test teardown")
-            s.events.close()  # also for syncers never started (stop() is a no-op for those)
-
-
-@pytest.fixture
-def rig(tmp_path: Path):
-    torch.set_num_threads(1)
-    r = Rig(tmp_path)
-    try:
-        yield r
-    finally:
-        r.close()
-
-
-def merged_ids(events: list[dict]) -> list[str]:
-    return [c["id"] for e in events if e["kind"] == "merge" for c in e["contributors"]]
+from tests.unit.syncer_rig import (BATCH, H, LR, MODEL, MU, SECRET, SEED, TIMEOUT, TOKENS, Client, Rig,  # noqa: F401
+                                   initial_params, merged_ids, poll_until, push_frame, sgd_reference,
+                                   train_config, wait_until)
 
 
 # ----------------------------------------------------------------------------- ACK statuses
@@ -440,9 +287,18 @@ def test_hello_refused(rig: Rig, header: dict, reason: str) -> None:
 def test_push_before_hello_is_refused(rig: Rig) -> None:
     s = rig.start()
     c = rig.client(s)
-    reply = c.send(push_frame(1, 1, 1, rig.delta(s, 1)))
+    reply = c.request(wire.HEARTBEAT, {})
     assert reply.type == wire.ERROR and reply.header["reason"] == "protocol"
     c.expect_closed()
+    # A first frame with a payload is refused from its prefix alone: nobody unauthenticated
+    # gets the syncer to read (or allocate) a payload.
+    c2 = rig.client(s)
+    try:
+        reply = c2.send(push_frame(1, 1, 1, rig.delta(s, 1)))
+        assert reply.type == wire.ERROR and reply.header["reason"] == "oversized", reply.header
+    except ConnectionError:
+        pass  # the syncer closed before the payload was sent: a reset, not a reply
+    poll_until(lambda: s.counters["rejected_oversized"] == 1, "the payload before HELLO to be counted")
     assert s.frags[0].pending == [] and s.counters["accepted"] == 0
 
 
@@ -514,7 +370,7 @@ def test_retry_in_the_accept_window_is_a_duplicate(rig: Rig, monkeypatch: pytest
     c1 = rig.client(s)
     c1.hello(1, "n")
     frame = push_frame(1, 1, 1, rig.delta(s, 1))
-    wire.send_all(c1.sock, frame, time.monotonic() + 10)
+    c1.channel.send(frame, time.monotonic() + 10)
     try:
         assert at_gate.wait(TIMEOUT), "the first push never reached the end of its pending write"
         c2 = rig.client(s)
@@ -522,7 +378,7 @@ def test_retry_in_the_accept_window_is_a_duplicate(rig: Rig, monkeypatch: pytest
         status = c2.send(frame).header["status"]
     finally:
         release.set()
-    assert wire.read_frame(c1.sock, SECRET, time.monotonic() + 10).header["status"] == "accepted"
+    assert c1.channel.recv(time.monotonic() + 10).header["status"] == "accepted"
     wait_until(s, lambda: not s.frags[0].pending and not s.frags[0].merging and s.frags[0].version >= 1,
                "the pending pushes to be merged")
     assert status == "duplicate"

@@ -15,11 +15,39 @@ import pytest
 import torch
 
 from trainer import wire
-from trainer.wire import (MAC_LEN, MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, DeadlineExceeded, Frame, FrameError,
-                          PeerClosed, encode_frame, load_secret, read_frame)
+from trainer.wire import (DEFAULT_MAX_PAYLOAD, MAC_LEN, MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, DeadlineExceeded,
+                          Frame, FrameError, PeerClosed, load_secret)
 
 SECRET = b"s3cret-s3cret-s3cret-0123"
 OTHER = b"another-secret-entirely-xx"
+CLIENT_RANDOM, SERVER_RANDOM = b"c" * 32, b"s" * 32
+_sessions: dict[tuple[bytes, bool], wire.Session] = {}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_sessions() -> Iterator[None]:
+    """Each test starts a new connection: both sides' frame counters at 0."""
+    _sessions.clear()
+    yield
+    _sessions.clear()
+
+
+def _session(secret: bytes, client: bool) -> wire.Session:
+    key = (secret, client)
+    if key not in _sessions:
+        _sessions[key] = wire.Session(wire.derive_key(secret, CLIENT_RANDOM, SERVER_RANDOM), client=client)
+    return _sessions[key]
+
+
+def encode_frame(secret: bytes, ftype: str, header: dict | None = None, tensors=None, payload: bytes | None = None) -> bytes:
+    """A learner's next frame on this test's connection."""
+    return _session(secret, True).seal(wire.message(ftype, header, tensors, payload))
+
+
+def read_frame(sock: socket.socket, secret: bytes, deadline: float, max_payload: int = DEFAULT_MAX_PAYLOAD,
+               max_header: int = MAX_HEADER_BYTES) -> Frame:
+    """The syncer's read of the next frame on this test's connection."""
+    return wire.read_frame(sock, _session(secret, False), deadline, max_payload, max_header)
 
 
 @pytest.fixture
@@ -51,10 +79,12 @@ def _send_in_thread(sock: socket.socket, data: bytes, close_after: bool = False)
 
 
 def _raw_frame(secret: bytes, header_bytes: bytes, payload: bytes = b"", version: int = VERSION,
-               magic: bytes = MAGIC) -> bytes:
-    """A frame assembled by hand, following the documented layout, with a correct MAC."""
+               magic: bytes = MAGIC, counter: int = 0) -> bytes:
+    """A learner's frame number `counter`, assembled by hand from the documented layout,
+    with a correct MAC."""
+    key = hmac.new(secret, b"islands/2 session" + CLIENT_RANDOM + SERVER_RANDOM, hashlib.sha256).digest()
     prefix = struct.pack("!4sB3xIQ", magic, version, len(header_bytes), len(payload))
-    mac = hmac.new(secret, prefix + header_bytes + payload, hashlib.sha256).digest()
+    mac = hmac.new(key, b"C" + struct.pack("!Q", counter) + prefix + header_bytes + payload, hashlib.sha256).digest()
     return prefix + header_bytes + payload + mac
 
 
@@ -111,7 +141,7 @@ def test_large_frame_round_trip(pair) -> None:
 
 def test_encode_frame_refuses_oversized_header() -> None:
     with pytest.raises(ValueError, match="header"):
-        encode_frame(SECRET, wire.HELLO, {"pad": "x" * (MAX_HEADER_BYTES + 1)})
+        wire.message(wire.HELLO, {"pad": "x" * (MAX_HEADER_BYTES + 1)})
 
 
 def test_header_type_and_crc_are_set_by_encoder(pair) -> None:

@@ -1,0 +1,96 @@
+"""What a signed push may claim, checked before the syncer acknowledges anything.
+
+A learner holding the secret can still be buggy or compromised, and every number it
+sends ends up in a merge weight, a ledger or a JSON file. So each count is bounded by
+what a learner can really have done in this run, and each pseudo-gradient by what the run
+has seen:
+
+- `steps`: the steps one incarnation claims for one fragment, summed over its accepted
+  pushes, never exceed --max-step-rate × the seconds since the incarnation joined, plus
+  a slack of 4 rounds (wall clock, persisted, so a syncer restart does not reset it).
+- `tokens` ≤ steps × --max-step-tokens, and `step_tokens` ≤ --max-step-tokens.
+- `seq`, `position`, `incarnation` < 2^53 (wire.header_int); `base_version` ≤ the
+  fragment's version (a push cannot be based on a version not served yet).
+- the pseudo-gradient is finite after decoding (codec.decode), and its norm per round
+  (‖Δ‖ / rounds spanned) is at most --max-norm-ratio × the median of the fragment's last
+  32 accepted pushes once 8 are known; before that, at most ABSOLUTE_NORM_RATIO × (‖Θ_f‖
+  + 1). The median is robust: one huge push cannot raise the bar for the next.
+
+Refusals raise ProtocolError(OUT_OF_BOUNDS or IMPLAUSIBLE_NORM) naming the field.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .protocol import ProtocolError, Reason
+
+DEFAULT_MAX_STEP_TOKENS = 2 ** 30
+ABSOLUTE_NORM_RATIO = 100.0
+NORM_WINDOW = 32
+NORM_WARMUP = 8
+SLACK_ROUNDS = 4
+
+
+@dataclass(frozen=True)
+class PushBounds:
+    max_step_rate: float
+    max_step_tokens: int
+    sync_every: int
+
+    def check_counts(self, *, steps: int, tokens: int, step_tokens: int | float, claimed: int,
+                     elapsed: float) -> None:
+        """`claimed`: steps this incarnation's accepted pushes of the fragment already
+        claimed; `elapsed`: seconds since the incarnation joined."""
+        allowed = self.max_step_rate * max(0.0, elapsed) + SLACK_ROUNDS * self.sync_every
+        if steps < 1 and tokens > 0:
+            raise ProtocolError(Reason.OUT_OF_BOUNDS, f"tokens={tokens} with steps={steps}")
+        if claimed + steps > allowed:
+            raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                                f"steps={steps}: this incarnation would have done {claimed + steps} steps of the "
+                                f"fragment in {elapsed:.1f} s, over {allowed:.0f} (--max-step-rate "
+                                f"{self.max_step_rate:g}/s + {SLACK_ROUNDS} rounds)")
+        if tokens > steps * self.max_step_tokens:
+            raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                                f"tokens={tokens} exceeds steps × --max-step-tokens = {steps} × {self.max_step_tokens}")
+        if step_tokens > self.max_step_tokens:
+            raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                                f"step_tokens={step_tokens} exceeds --max-step-tokens {self.max_step_tokens}")
+
+
+def tensor_norm(tensors: dict[str, torch.Tensor]) -> float:
+    """‖x‖₂ over every tensor, in float64 (an fp32 sum of squares of 3e38 would overflow)."""
+    total = 0.0
+    for t in tensors.values():
+        total += float(torch.linalg.vector_norm(t.detach().double()) ** 2)
+    return total ** 0.5
+
+
+@dataclass
+class NormGuard:
+    """The recent per-round norms of one fragment's accepted pushes."""
+
+    ratio: float
+    recent: deque = field(default_factory=lambda: deque(maxlen=NORM_WINDOW))
+
+    def limit(self, params_norm: Callable[[], float]) -> tuple[float, str]:
+        """The bound and why; `params_norm` (‖Θ_f‖, costly) is only called before the warm-up."""
+        if len(self.recent) >= NORM_WARMUP:
+            median = statistics.median(self.recent)
+            return self.ratio * median, f"{self.ratio:g} × the median {median:.4g} of the last {len(self.recent)} pushes"
+        theta = params_norm()
+        return ABSOLUTE_NORM_RATIO * (theta + 1.0), \
+            f"{ABSOLUTE_NORM_RATIO:g} × (‖Θ_f‖ {theta:.4g} + 1), before {NORM_WARMUP} pushes are known"
+
+    def check(self, per_round_norm: float, params_norm: Callable[[], float]) -> None:
+        bound, why = self.limit(params_norm)
+        if not per_round_norm <= bound:  # also refuses NaN
+            raise ProtocolError(Reason.IMPLAUSIBLE_NORM,
+                                f"pseudo-gradient norm {per_round_norm:.4g} per round exceeds {bound:.4g} ({why})")
+
+    def note(self, per_round_norm: float) -> None:
+        self.recent.append(per_round_norm)
