@@ -7,14 +7,19 @@ died (even by SIGKILL) left behind, without ever touching a recycled PID.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
+
+from .filelock import flocked
 
 if TYPE_CHECKING:
     from .spares import SparePool
@@ -140,23 +145,40 @@ def start_recorded(name: str, argv: list[str], log_dir: Path, env: dict[str, str
     return proc
 
 
+LOCK_TIMEOUT = 30.0  # a registry update takes milliseconds; longer means a stuck holder
+
+
 class Registry:
-    """The processes one cluster started, in a file of its own with its owner's PID and start
-    time: `local/<name>-<owner pid>-<n>.json` under the islands home.
+    """The processes one cluster started, in a file of its own naming its owner (PID, kernel
+    start time, run directory): `local/<name>-<owner pid>-<n>.json` under the islands home.
 
     `reap_leftovers` kills the processes of clusters of the same name whose owner is gone (a
     run that crashed or was SIGKILLed before it could stop them), and never those of a live
     owner: two runs on one machine at once used to share one file, and the second to start
-    killed the first's syncer and learners."""
+    killed the first's syncer and learners.
 
-    _instances = 0
+    Every read-modify-write of a file holds a thread lock and an flock on its sibling
+    `.lock` file: warm spares are recorded from the pool's refills while the controller
+    records restarts, and two runs starting together may reap one dead run's file at once."""
 
-    def __init__(self, name: str) -> None:
-        Registry._instances += 1
+    _numbers = itertools.count(1)  # next() is atomic: two clusters made at once get two files
+
+    def __init__(self, name: str, run_dir: str | os.PathLike | None = None) -> None:
         self.name = name
         self.owner = os.getpid()
         self.owner_start = proc_start_time(self.owner)
-        self.path = islands_home() / "local" / f"{name}-{self.owner}-{Registry._instances}.json"
+        self.run_dir = str(Path(run_dir).resolve()) if run_dir is not None else None
+        self.path = islands_home() / "local" / f"{name}-{self.owner}-{next(Registry._numbers)}.json"
+        self._lock = threading.Lock()
+
+    @property
+    def lock_path(self) -> Path:
+        return _lock_path(self.path)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock, flocked(self.lock_path, LOCK_TIMEOUT):
+            yield
 
     @staticmethod
     def _load(path: Path) -> dict:
@@ -176,51 +198,80 @@ class Registry:
     def record_pid(self, name: str, pid: int, argv: list[str]) -> None:
         """Record `name` as `pid`; an entry with the same name or PID (a spare that became
         this process) is replaced."""
-        entries = [e for e in self.entries() if e["name"] != name and e["pid"] != pid]
-        entries.append({"name": name, "pid": pid, "start": proc_start_time(pid), "argv": argv[:4]})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"owner": self.owner, "owner_start": self.owner_start, "processes": entries}))
-        os.replace(tmp, self.path)
+        with self._locked():
+            entries = [e for e in self.entries() if e["name"] != name and e["pid"] != pid]
+            entries.append({"name": name, "pid": pid, "start": proc_start_time(pid), "argv": argv[:4]})
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"owner": self.owner, "owner_start": self.owner_start,
+                                       "run_dir": self.run_dir, "processes": entries}))
+            os.replace(tmp, self.path)
+
+    def close(self) -> None:
+        """The cluster stopped what it started: nothing of it is left to reap."""
+        with self._locked():
+            self.path.unlink(missing_ok=True)
+            self.lock_path.unlink(missing_ok=True)
+
+    def _ours(self, path: Path) -> bool:
+        """A registry file of this name (`islands` is not `islands-test`), not this one's."""
+        parts = path.stem.rsplit("-", 2)
+        named = path.stem == self.name or (len(parts) == 3 and parts[0] == self.name
+                                           and parts[1].isdigit() and parts[2].isdigit())
+        return named and path != self.path
 
     def orphaned(self) -> list[Path]:
         """Registry files of this name whose owner process is gone."""
-        out = []
-        for path in sorted(self.path.parent.glob(f"{self.name}*.json")):
-            parts = path.stem.rsplit("-", 2)
-            ours = path.stem == self.name or (len(parts) == 3 and parts[0] == self.name
-                                              and parts[1].isdigit() and parts[2].isdigit())
-            if path == self.path or not ours:
-                continue
-            data = self._load(path)
-            owner = data.get("owner")
-            if owner is not None and proc_start_time(int(owner)) == data.get("owner_start"):
-                continue  # a live run's cluster: not ours to touch
-            out.append(path)
-        return out
+        return [path for path in sorted(self.path.parent.glob(f"{self.name}*.json"))
+                if self._ours(path) and not _owner_alive(self._load(path))]
 
     def reap_leftovers(self, timeout: float = 10.0) -> list[str]:
         """Kill the processes that runs of this name left running when their owner died;
-        returns their names."""
-        killed, reaped = [], []
+        returns their names. Each file is reaped under its lock and judged again there, so
+        of two runs starting together only one reaps it."""
+        killed = []
         for path in self.orphaned():
-            entries = self._load(path)["processes"]
-            for e in entries:
-                pid, start = int(e["pid"]), e.get("start")
-                if start is None or proc_start_time(pid) != start:
-                    continue  # gone, or the PID now belongs to someone else
-                try:
-                    os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    continue
-                killed.append(f"{e['name']} (pid {pid})")
-            reaped.append((path, entries))
-        deadline = time.monotonic() + timeout
-        for path, entries in reaped:
-            for e in entries:
-                while proc_start_time(int(e["pid"])) == e.get("start") and proc_state(int(e["pid"])) not in (None, "Z"):
-                    if time.monotonic() > deadline:
-                        break
-                    time.sleep(0.05)
-            path.unlink(missing_ok=True)
+            with flocked(_lock_path(path), LOCK_TIMEOUT):
+                data = self._load(path) if path.exists() else None
+                if data is None or _owner_alive(data):
+                    continue  # another run reaped it first
+                killed += _kill_recorded(data["processes"], timeout)
+                path.unlink(missing_ok=True)
+                _lock_path(path).unlink(missing_ok=True)
         return killed
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_suffix(".lock")
+
+
+def _owner_alive(data: dict) -> bool:
+    """Whether the run that wrote a registry file still runs: its owner PID started at the
+    recorded time. A file from before owners has none and counts as dead."""
+    owner = data.get("owner")
+    if owner is None:
+        return False
+    start = proc_start_time(int(owner))
+    if data.get("owner_start") is None:
+        return start is not None  # start unknown: alive while the PID is, never reaped by mistake
+    return start == data.get("owner_start")
+
+
+def _kill_recorded(entries: list[dict], timeout: float) -> list[str]:
+    """SIGKILL the process group of every entry still running as recorded (never a PID now
+    someone else's), then wait up to `timeout` s for them to go; their names."""
+    killed, signalled = [], []
+    for e in entries:
+        pid, start = int(e["pid"]), e.get("start")
+        if start is None or proc_start_time(pid) != start:
+            continue  # gone, or the PID now belongs to someone else
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            continue
+        killed.append(f"{e['name']} (pid {pid})")
+        signalled.append((pid, start))
+    deadline = time.monotonic() + timeout
+    for pid, start in signalled:
+        while proc_start_time(pid) == start and proc_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return killed

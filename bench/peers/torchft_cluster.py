@@ -91,7 +91,7 @@ class TorchftCluster(Cluster):
         self.peer_args = [str(a) for a in (peer_args or [])]
         self.python = Path(python) if python is not None else None
         self.lighthouse_bin = Path(lighthouse) if lighthouse is not None else None
-        self.registry = Registry(name)
+        self.registry = Registry(name, run_dir=self.run_dir)
         self.procs: dict[str, ManagedProcess] = {}
         self.lighthouse_port = 0
         self.leftovers: list[str] = []
@@ -189,7 +189,7 @@ class TorchftCluster(Cluster):
         if self.events is not None:
             self.events.close()
             self.events = None
-        self.registry.path.unlink(missing_ok=True)
+        self.registry.close()
 
     # ----------------------------------------------------------- targets
     def _name(self, target: int | str) -> str:

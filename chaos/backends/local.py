@@ -37,7 +37,7 @@ class LocalCluster(Cluster):
         self.learners = spec.learners
         self.learner_args = {i: list(a) for i, a in spec.learner_args.items()}
         self.toxiproxy_url = toxiproxy_url if toxiproxy_url is not None else os.environ.get("TOXIPROXY_URL")
-        self.registry = Registry(name)
+        self.registry = Registry(name, run_dir=self.run_dir)
         self._server = None
         self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
         self.syncer_port = 0
@@ -164,7 +164,7 @@ class LocalCluster(Cluster):
         if self._port_reservation is not None:
             self._port_reservation.close()
             self._port_reservation = None
-        self.registry.path.unlink(missing_ok=True)
+        self.registry.close()
 
     # ----------------------------------------------------------- processes
     def _proc(self, target: str) -> ManagedProcess | None:

@@ -3,14 +3,19 @@ and never the processes of a run that is still alive."""
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from chaos.processes import Registry, proc_start_time, proc_state
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -81,3 +86,115 @@ def test_other_names_are_not_ours(home: Path) -> None:
     other.write_text(json.dumps({"owner": 99999999, "owner_start": 1, "processes": []}))
     assert Registry("islands").orphaned() == []
     assert Registry("islands-test").orphaned() == [other]
+
+
+def test_records_from_threads_at_once_lose_no_entry(home: Path) -> None:
+    """Warm spares are recorded from the pool's refills while the controller records
+    restarts: each record reads the file, adds one entry and writes it back."""
+    registry = Registry("islands")
+    threads, per_thread = 8, 25
+    go = threading.Barrier(threads)
+    errors: list[BaseException] = []
+
+    def record(t: int) -> None:
+        go.wait(timeout=10)
+        for i in range(per_thread):
+            try:
+                registry.record_pid(f"p-{t}-{i}", 10_000_000 + t * per_thread + i, ["python"])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+    workers = [threading.Thread(target=record, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not errors, errors[:3]
+    assert len(registry.entries()) == threads * per_thread
+
+
+def test_each_file_names_its_owner_and_run(home: Path, tmp_path: Path) -> None:
+    registry = Registry("islands", run_dir=tmp_path / "run")
+    registry.record_pid("syncer", os.getpid(), ["python"])
+    data = json.loads(registry.path.read_text())
+    assert data["owner"] == os.getpid() and data["owner_start"] == proc_start_time(os.getpid())
+    assert data["run_dir"] == str((tmp_path / "run").resolve())
+    registry.close()
+    assert not registry.path.exists() and not registry.lock_path.exists()
+
+
+OWNER = r"""
+import json, subprocess, sys, threading
+from chaos.processes import Registry
+registry = Registry("islands", run_dir=sys.argv[1])
+children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+            for _ in range(3)]
+threads = [threading.Thread(target=registry.record_pid, args=(f"learner-{i}", c.pid, ["python"]))
+           for i, c in enumerate(children)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"pids": [c.pid for c in children], "path": str(registry.path)}), flush=True)
+if sys.stdin.readline().strip() == "reap":
+    print(json.dumps({"killed": registry.reap_leftovers()}), flush=True)
+    sys.stdin.readline()
+for c in children:
+    c.kill()
+    c.wait()
+registry.close()
+"""
+
+
+def _owner(run_dir: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", OWNER, str(run_dir)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, cwd=ROOT, env=os.environ.copy())
+
+
+def _line(proc: subprocess.Popen, timeout: float = 60.0) -> dict:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"owner {proc.pid} said nothing within {timeout:.0f}s"
+    return json.loads(proc.stdout.readline())
+
+
+def _say(proc: subprocess.Popen, word: str) -> None:
+    proc.stdin.write(f"{word}\n".encode())
+    proc.stdin.flush()
+
+
+def test_two_live_owners_started_together_never_reap_each_other(home: Path, tmp_path: Path) -> None:
+    """Two runs' controllers at once (and a third that was SIGKILLed, whose processes are
+    the only leftovers): each reaps the dead one's processes, once, and not the other's."""
+    dead = _owner(tmp_path / "dead")
+    leftovers = _line(dead)["pids"]
+    dead.kill()
+    dead.wait(timeout=30)
+    first, second = _owner(tmp_path / "a"), _owner(tmp_path / "b")
+    try:
+        live = {p: _line(p) for p in (first, second)}
+        for p in (first, second):
+            _say(p, "reap")
+        killed = [name for p in (first, second) for name in _line(p)["killed"]]
+        assert sorted(killed) == sorted(f"learner-{i} (pid {pid})" for i, pid in enumerate(leftovers)), \
+            "every leftover reaped, each once"
+        for p, said in live.items():
+            assert all(proc_state(pid) not in (None, "Z") for pid in said["pids"]), f"owner {p.pid} lost a process"
+            assert json.loads(Path(said["path"]).read_text())["owner"] == p.pid
+        assert all(_gone_pid(pid) for pid in leftovers)
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                _say(p, "exit")
+            p.wait(timeout=30)
+        for pid in leftovers:
+            try:
+                os.killpg(pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def _gone_pid(pid: int) -> bool:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if proc_state(pid) in (None, "Z"):
+            return True
+        time.sleep(0.05)
+    return False
