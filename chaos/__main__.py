@@ -13,6 +13,7 @@ from trainer.argtypes import positive_int as _positive_int
 from trainer.argtypes import device_arg
 
 from faults.sizing import DEFAULT_LEARNERS, DEFAULT_RANKS
+from trainer.rundir import claim_run_dir, release_if_empty
 
 
 def print_verdicts(result) -> None:
@@ -36,11 +37,8 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from faults.schedule import declared_learners
     from faults.sizing import SizeConflict, resolve_learners
 
-    from .progress import ProgressPrinter, RunProgress
     from trainer.runspec import RunSpec
     from trainer.task import TaskError, resolve_spec
-
-    from .runner import run_schedule
 
     path = Path(args.schedule)
     try:
@@ -66,9 +64,21 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                        duration=args.duration, warm_spares=args.warm_spares)
     except (ValueError, TaskError) as exc:
         parser.error(as_flag(str(exc)))
-    out = Path(args.out or f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
+    out = Path(args.out) if args.out else claim_run_dir(f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
     if (out / "events").exists() and any((out / "events").iterdir()):
         parser.error(f"--out: {out} already holds a run; choose a new directory")
+    try:
+        return _run_in(out, schedule, spec, args)
+    finally:
+        if not args.out:
+            release_if_empty(out)  # a refused run leaves no directory behind
+
+
+def _run_in(out: Path, schedule, spec, args: argparse.Namespace) -> int:
+    """Run `schedule` in `out` with the progress printer; the exit status."""
+    from .progress import ProgressPrinter, RunProgress
+    from .runner import run_schedule
+
     if args.seed is not None:
         schedule = type(schedule)(seed=args.seed, faults=schedule.faults, learners=schedule.learners,
                                   name=schedule.name)
@@ -134,7 +144,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .report import write_report
 
     args.schedule = str(args.schedule or DEMO_SCHEDULE)
-    args.out = args.out or f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}"
+    args.out = args.out or str(claim_run_dir(f"runs/demo-{datetime.now():%Y%m%d-%H%M%S}"))
     # learners None: the schedule's `learners:` (3 for the default one) sizes the cluster.
     args.backend, args.learners, args.duration, args.mode, args.data, args.seed = "local", None, None, \
         "decoupled", "markov", None

@@ -97,6 +97,18 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
     return argv
 
 
+def _run_dir(out: str | None, parser: argparse.ArgumentParser) -> Path:
+    """--out, unless it holds a run already; by default a fresh `runs/<time>` of this run's
+    own, even beside another run started in the same second (trainer/rundir.py)."""
+    from .rundir import claim_run_dir
+    if out is None:
+        return claim_run_dir(f"runs/{datetime.now():%Y%m%d-%H%M%S}")
+    path = Path(out)
+    if (path / "events").exists() and any((path / "events").iterdir()):
+        parser.error(f"--out: {path} already holds a run; choose a new directory")
+    return path
+
+
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm import tqdm
 
@@ -110,9 +122,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.ranks > 1 and args.mode == "sync":
         parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
     facts = _preflight(train, args.data, parser, args.ranks)  # also warms the synthetic-data cache for the learners
-    out = Path(args.out or f"runs/{datetime.now():%Y%m%d-%H%M%S}")
-    if (out / "events").exists() and any((out / "events").iterdir()):
-        parser.error(f"--out: {out} already holds a run; choose a new directory")
+    out = _run_dir(args.out, parser)
     run = RunSpec(backend="local", learners=args.learners, ranks=args.ranks, mode=args.mode, task=train.task,
                   device=args.device, data=args.data, trainer_args=forward_flags(args)[2:],
                   duration=args.duration).with_learner_flags(["--threads", str(args.threads)])
