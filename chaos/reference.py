@@ -30,6 +30,7 @@ from pathlib import Path
 
 from trainer.runspec import RunSpec
 
+from .filelock import flocked
 from .processes import islands_home
 
 REFERENCE_DIR = "references"
@@ -39,6 +40,10 @@ NOT_INHERITED = ("ISLANDS_SYNCER_DEFECT",)
 # Durations are rounded up to this grid, so runs of a suite whose durations differ by a
 # few seconds share one reference.
 DURATION_GRID = 30.0
+# How long a run waits for another run's reference of the same configuration: its length
+# several times over (a loaded machine), plus start-up and evaluation. Past that it goes on
+# without one (TimeoutError: the run records why).
+LOCK_WAIT_FACTOR, LOCK_WAIT_EXTRA = 4.0, 300.0
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,16 @@ def obtain(spec: RunSpec, tokens: float | None = None) -> ReferenceCurve | None:
     cached = load_cached(key, wanted, tokens)
     if cached is not None:
         return cached
+    # One reference run per configuration at a time: runs of one configuration started
+    # together would share (and delete) `<key>-run`; the later one waits and uses the cache.
+    with flocked(reference_dir() / f"{key}.lock", LOCK_WAIT_FACTOR * wanted + LOCK_WAIT_EXTRA):
+        cached = load_cached(key, wanted, tokens)
+        return cached if cached is not None else _run_reference(spec, settings, key, wanted)
+
+
+def _run_reference(spec: RunSpec, settings: dict, key: str, wanted: float) -> ReferenceCurve | None:
+    """Run the fault-free reference of `spec` for `wanted` s in `reference_dir()/<key>-run`
+    and cache its curve (the caller holds the key's lock)."""
     from faults import Schedule
     from trainer.events import read_events
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import fields
 from pathlib import Path
 from types import SimpleNamespace
@@ -200,3 +201,31 @@ def test_editing_a_task_file_makes_a_new_reference(tmp_path: Path):
     task.write_text("task = None  # v2: another model\n")
     assert ref.reference_key(ref.settings_for(spec)) != before, "a stale curve would judge the edited task"
     assert "task_source" not in ref.settings_for(RunSpec()), "the built-in task is in the trainer's digest"
+
+
+def test_two_runs_wanting_one_missing_reference_at_once_run_it_once(monkeypatch: pytest.MonkeyPatch):
+    """Two `chaos run`s of one configuration started together both find no reference when
+    they end: the second used to delete the first's reference run directory
+    (`<key>-run`) under it and run its own there. Now it waits for the first's and uses it."""
+    calls: list[dict] = []
+    write = fake_run(calls)
+    spec = RunSpec(learners=2, duration=20.0, trainer_args=["--sync-every", "10"])
+    second_ran = threading.Event()
+    waiting: list[threading.Thread] = []
+    got: dict[str, ReferenceCurve | None] = {}
+
+    def run_schedule(schedule, run_dir, spec=None, **kwargs):
+        if not waiting:  # the first: the other run asks for the same reference meanwhile
+            waiting.append(threading.Thread(target=lambda: got.setdefault("second", ref.obtain(spec))))
+            waiting[0].start()
+            second_ran.wait(timeout=2.0)  # it would be here by now, had nothing held it back
+        else:
+            second_ran.set()
+        return write(schedule, run_dir, spec, **kwargs)
+
+    monkeypatch.setattr("chaos.runner.run_schedule", run_schedule)
+    first = ref.obtain(spec)
+    waiting[0].join(timeout=30)
+    assert not waiting[0].is_alive()
+    assert len(calls) == 1, "one reference run for one configuration"
+    assert first is not None and got["second"] is not None and got["second"].points == first.points
