@@ -29,9 +29,11 @@ from trainer.secretfile import ensure_secret
 from trainer.task import BUILTIN_TASKS
 
 from ..client import NotFound, ToxiproxyClient, Unreachable
+from ..filelock import hold, holder
+from ..processes import islands_home, proc_start_time
 from .base import Cluster, UnknownTarget
 from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
-from .compose_guard import refuse_if_busy
+from .compose_guard import ClusterBusy, refuse_if_busy
 from .ranks import SIGNAL_RANK_SCRIPT, published_ranks, split_rank, wait_for_rank
 
 PROJECT_ENV = "ISLANDS_COMPOSE_PROJECT"
@@ -102,6 +104,7 @@ class ComposeCluster(Cluster):
         self._docker = None
         self._partitioned: dict[str, dict[str, list[str]]] = {}
         self.compose: ComposeProject | None = None
+        self._project_hold: int | None = None
 
     # ----------------------------------------------------------- docker plumbing
     @property
@@ -138,11 +141,38 @@ class ComposeCluster(Cluster):
 
     # ----------------------------------------------------------- lifecycle
     def preflight(self) -> None:
-        """Refuse without the image, or while another project runs this cluster (compose_guard.py)."""
-        if not _image_present(self.docker, self.image):
-            raise ComposeError(f"image {self.image} not found: build it with docker/build-image.sh "
-                               f"(or name another in ${IMAGE_ENV})")
-        refuse_if_busy(self.docker, self.compose_file, self.project_name, find_compose_command())
+        """Refuse while another live run uses this project, without the image, or while another
+        project runs this cluster (compose_guard.py)."""
+        self.claim_project()
+        try:
+            if not _image_present(self.docker, self.image):
+                raise ComposeError(f"image {self.image} not found: build it with docker/build-image.sh "
+                                   f"(or name another in ${IMAGE_ENV})")
+            refuse_if_busy(self.docker, self.compose_file, self.project_name, find_compose_command())
+        except BaseException:
+            self.release_project()
+            raise
+
+    def claim_project(self) -> None:
+        """Hold this run's compose project until stop(): start() takes `down -v` to whatever
+        the project holds, which must be a crashed run's leftovers, never the cluster of a
+        run still going (two runs of the default project at once). The hold is an flock,
+        so it ends with its process however that ends."""
+        if self._project_hold is not None:
+            return
+        path = islands_home() / "compose" / f"{self.project_name}.lock"
+        self._project_hold = hold(path, {"pid": os.getpid(), "start": proc_start_time(os.getpid()),
+                                         "run_dir": str(self.run_dir)})
+        if self._project_hold is None:
+            other = holder(path)
+            raise ClusterBusy(f"compose project {self.project_name!r} is in use by another run (pid "
+                              f"{other.get('pid', '?')}, run dir {other.get('run_dir', '?')}); wait for it to "
+                              f"end, or give this run a project of its own with ${PROJECT_ENV}")
+
+    def release_project(self) -> None:
+        if self._project_hold is not None:
+            os.close(self._project_hold)
+            self._project_hold = None
 
     def start(self) -> None:
         self.preflight()
@@ -280,6 +310,7 @@ class ComposeCluster(Cluster):
     def stop(self) -> None:
         """Heal, SIGTERM learners (they push what is left), then the syncer; keep logs and state; remove."""
         if self.compose is None:
+            self.release_project()
             return
         try:
             if self.toxiproxy is not None:
@@ -298,8 +329,11 @@ class ComposeCluster(Cluster):
             self._save_logs()
             self._export_state()
         finally:
-            if os.environ.get("ISLANDS_COMPOSE_KEEP") != "1":
-                self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120, check=False)
+            try:
+                if os.environ.get("ISLANDS_COMPOSE_KEEP") != "1":
+                    self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120, check=False)
+            finally:
+                self.release_project()
 
     def _log_tail(self, service: str, lines: int = 15) -> str:
         """The last lines a service's container wrote (its own error, e.g. a refused flag)."""

@@ -2,12 +2,16 @@
 larger clusters, per-learner flags, the environment handed to compose, data files."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from chaos.backends.compose import PROXY_BASE_PORT, TASK_MOUNT, ComposeCluster
+from chaos.backends.compose_guard import ClusterBusy
 from chaos.backends.compose_cli import COMPOSE_ENV, ComposeProject, find_compose_command
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -121,3 +125,39 @@ def test_the_compose_command_can_be_named_and_projects_build_their_argv(monkeypa
     project = ComposeProject([tmp_path / "a.yaml", tmp_path / "b.yaml"], "p1", command=["docker-compose"])
     assert project.argv("up", "-d") == ["docker-compose", "-p", "p1", "-f", str(tmp_path / "a.yaml"),
                                         "-f", str(tmp_path / "b.yaml"), "up", "-d"]
+
+
+HOLDER = r"""
+import sys
+from chaos.backends.compose import ComposeCluster
+ComposeCluster(sys.argv[1]).claim_project()
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_project_a_live_run_uses_is_refused_until_that_run_dies(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """start() takes `down -v` to what its project holds: two runs of the default project at
+    once, the second took the first's cluster down. A crashed run's hold dies with it."""
+    monkeypatch.setenv("ISLANDS_HOME", str(tmp_path / "home"))
+    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "first")], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        second = ComposeCluster(tmp_path / "second")
+        with pytest.raises(ClusterBusy, match=rf"'islands-chaos' is in use by another run \(pid {other.pid}, "
+                                              rf"run dir {tmp_path / 'first'}\)"):
+            second.claim_project()
+        other.kill()
+        other.wait(timeout=30)
+        second.claim_project()  # the first run's controller is dead: its leftovers are ours to clean
+        third = ComposeCluster(tmp_path / "third")
+        with pytest.raises(ClusterBusy, match=rf"pid {os.getpid()}"):
+            third.claim_project()
+        second.stop()  # never started: stopping gives the project back
+        third.claim_project()
+        third.release_project()
+    finally:
+        other.kill()
+        other.wait(timeout=30)
