@@ -9,13 +9,15 @@ shortest form) are part of its observable contract.
 from __future__ import annotations
 
 import json
+import math
 import re
 import struct
 from decimal import Decimal
 from typing import Any, Mapping
 
+from . import goparse
+
 _INT_RANGES = {"int64": (-(2**63), 2**63 - 1), "int": (-(2**63), 2**63 - 1)}
-_FLOAT32_MAX = 3.4028234663852886e38
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _WS = " \t\r\n"
 
@@ -35,6 +37,29 @@ class FloatLit(float):
         return obj
 
 
+class IntLit(int):
+    """A JSON integer; keeps its literal, which Go quotes in errors ("-0", not "0")."""
+
+    literal: str
+
+    def __new__(cls, value: int, text: str) -> "IntLit":
+        obj = super().__new__(cls, value)
+        obj.literal = text
+        return obj
+
+
+class BigLit:
+    """A JSON integer too long for int(): Go reads it, and it fits no Go type."""
+
+    def __init__(self, text: str) -> None:
+        self.literal = text
+
+
+def _parse_int(text: str) -> IntLit | BigLit:
+    value = goparse.json_int(text)
+    return BigLit(text) if value is None else IntLit(value, text)
+
+
 class Obj(list):
     """A JSON object as ordered (key, value) pairs, so duplicates behave as in Go."""
 
@@ -44,24 +69,53 @@ def _reject_constant(name: str) -> Any:
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> Obj:
-    return Obj((_clean(k), v) for k, v in pairs)
+    return Obj((_clean(k), _clean(v)) for k, v in pairs)
 
 
 def _clean(value: Any) -> Any:
-    """Go replaces lone UTF-16 surrogates with U+FFFD when decoding strings."""
+    """Go turns a lone UTF-16 surrogate escape, and each invalid UTF-8 byte, into U+FFFD.
+
+    The body is decoded with surrogateescape, so an invalid byte arrives here as
+    one surrogate (U+DC80-U+DCFF) and becomes one U+FFFD, as in Go. A string
+    that kept a surrogate could never be encoded again: every later response
+    naming it would fail.
+    """
     if isinstance(value, str) and _SURROGATE.search(value):
         return _SURROGATE.sub("\ufffd", value)
     return value
 
 
+def _clean_arrays(value: Any) -> Any:
+    """Clean strings held directly in arrays (the object hook saw all the others).
+
+    Iterative, so a deeply nested body cannot exhaust the stack here; every
+    container is visited once.
+    """
+    if not isinstance(value, list):
+        return _clean(value)
+    stack: list[list] = [value]
+    while stack:
+        items = stack.pop()
+        if isinstance(items, Obj):
+            stack.extend(v for _, v in items if isinstance(v, list))
+            continue
+        for index, item in enumerate(items):
+            if isinstance(item, str):
+                items[index] = _clean(item)
+            elif isinstance(item, list):
+                stack.append(item)
+    return value
+
+
 _DECODER = json.JSONDecoder(
-    object_pairs_hook=_pairs, parse_float=FloatLit, parse_constant=_reject_constant
+    object_pairs_hook=_pairs, parse_float=FloatLit, parse_int=_parse_int,
+    parse_constant=_reject_constant,
 )
 
 
 def decode_first(body: bytes) -> Any:
     """Decode the first JSON value in ``body``, ignoring what follows (json.Decoder.Decode)."""
-    text = body.decode("utf-8", errors="replace")
+    text = body.decode("utf-8", errors="surrogateescape")
     start = 0
     while start < len(text) and text[start] in _WS:
         start += 1
@@ -76,24 +130,36 @@ def decode_first(body: bytes) -> Any:
         raise DecodeError(f"invalid character {_quote_char(char)} looking for beginning of value") from None
     except RecursionError:
         raise DecodeError("exceeded max depth") from None
-    return _clean(value)
+    return _clean_arrays(value)
+
+
+_GO_ESCAPES = {"\a": "\\a", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+               "\t": "\\t", "\v": "\\v", "\\": "\\\\"}
 
 
 def _quote_char(char: str) -> str:
+    """Go's quoteChar: the offending byte as a rune in strconv.Quote's spelling."""
+    if "\udc80" <= char <= "\udcff":
+        char = chr(ord(char) - 0xDC00)  # a raw invalid byte: Go quotes the byte's value
     if char == "'":
         return "'\\''"
     if char == '"':
         return "'\"'"
-    if char.isprintable():
-        return f"'{char}'"
-    return repr(char)
+    if char in _GO_ESCAPES:
+        return f"'{_GO_ESCAPES[char]}'"
+    code = ord(char)
+    if code < 0x20 or code == 0x7F:
+        return f"'\\x{code:02x}'"
+    if not char.isprintable():
+        return f"'\\u{code:04x}'" if code < 0x10000 else f"'\\U{code:08x}'"
+    return f"'{char}'"
 
 
 def json_kind(value: Any) -> str:
     """The JSON kind Go names in "cannot unmarshal <kind>" messages."""
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, (int, float)):
+    if isinstance(value, (int, float, BigLit)):
         return "number"
     if isinstance(value, str):
         return "string"
@@ -117,7 +183,7 @@ def lookup(obj: Obj, name: str) -> tuple[bool, Any]:
 def type_error(value: Any, struct_name: str, field: str, go_type: str) -> DecodeError:
     kind = json_kind(value)
     if kind == "number":
-        kind = f"number {value.literal if isinstance(value, FloatLit) else value}"
+        kind = f"number {getattr(value, 'literal', value)}"
     return DecodeError(
         f"json: cannot unmarshal {kind} into Go struct field {struct_name}.{field} of type {go_type}"
     )
@@ -141,9 +207,19 @@ def convert(value: Any, go_type: str) -> Any:
             return int(value)
     elif go_type == "float32":
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if abs(float(value)) <= _FLOAT32_MAX:
-                return to_float32(float(value))
+            return _float32(value)
     raise TypeError(go_type)
+
+
+def _float32(value: float) -> float:
+    """ParseFloat(s, 32): a value beyond float32's range (even beyond float64's) is refused."""
+    try:
+        number = float(value)  # an int past 1e308 raises OverflowError
+        if math.isinf(number):
+            raise OverflowError
+        return to_float32(number)  # rounds like Go; raises OverflowError past MaxFloat32
+    except OverflowError:
+        raise TypeError("float32") from None
 
 
 def decode_struct(
@@ -205,7 +281,8 @@ def format_float32(value: float) -> str:
 
 
 def _go_string(text: str) -> str:
-    encoded = json.dumps(text, ensure_ascii=False)
+    """json.Marshal of a string; invalid UTF-8 (here: a lone surrogate) becomes U+FFFD as in Go."""
+    encoded = json.dumps(_clean(text), ensure_ascii=False)
     return (
         encoded.replace("<", "\\u003c")
         .replace(">", "\\u003e")

@@ -1,0 +1,200 @@
+"""Regressions from the security probe (items 8-11) and the HTTP fuzz target's corpus.
+
+Each expectation is what Toxiproxy 2.12 does with the same bytes: Go's net/http
+reads the request, gorilla/mux routes it and encoding/json decodes the body.
+See /work/shared/reference/toxiproxy-api.md.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from chaos.toxiproxy import addr, jsonio
+from chaos.toxiproxy.testing import port_of, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+CORPUS = REPO / "fuzz" / "corpus" / "toxiproxy_http"
+TEXT = "text/plain; charset=utf-8"
+IO_TIMEOUT_S = 10.0
+MAX_REPLY = 1 << 20
+MAX_BODY = 16 << 20
+
+
+@pytest.fixture
+def api(srv):
+    session = requests.Session()
+    session.headers["User-Agent"] = "pytest-toxiproxy"
+
+    def call(method: str, path: str, body=None, raw: bytes | None = None, **kw):
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        return session.request(method, srv.url + path, data=data, timeout=10, **kw)
+
+    yield call
+    session.close()
+
+
+def exchange(srv, data: bytes) -> bytes:
+    """Send raw bytes, half-close, and read until the server closes (bounded in time and size)."""
+    deadline = time.monotonic() + IO_TIMEOUT_S
+    reply = b""
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=IO_TIMEOUT_S) as sock:
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        while len(reply) < MAX_REPLY and time.monotonic() < deadline:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    return reply
+
+
+def head_of(reply: bytes) -> tuple[int, dict[str, str], list[bytes], bytes]:
+    """(status, headers by lower-case name, raw header lines, body) of the first response."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, lines, body
+
+
+def assert_go_transport_error(reply: bytes, status: int, text: str) -> None:
+    """Go's own answer to a request it cannot read: plain text, no length, connection closed."""
+    code, headers, _, body = head_of(reply)
+    assert code == status, reply[:200]
+    assert headers["content-type"] == TEXT
+    assert headers["connection"] == "close"
+    assert body == text.encode()
+
+
+def assert_api_error(resp, status: int, message: str) -> None:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["Content-Type"] == TEXT
+    assert resp.text == json.dumps({"error": message, "status": status}, separators=(",", ":"),
+                                   ensure_ascii=False) + "\n"
+
+
+def refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+def request(method: str, path: str, headers: dict[str, str] | None = None,
+            version: str = "HTTP/1.1") -> bytes:
+    lines = [f"{method} {path} {version}", "Host: 127.0.0.1", "User-Agent: pytest"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def chunked(method: str, path: str, body: bytes) -> bytes:
+    return request(method, path, {"Transfer-Encoding": "chunked"}) + body
+
+
+# --- item 8: strings Go cannot hold are replaced, never stored ------------------------------
+# Go's encoding/json turns a lone UTF-16 surrogate escape, and each byte of invalid
+# UTF-8, into U+FFFD; Toxiproxy therefore creates the proxy (201) under the replaced
+# name, and no later call can fail on it.
+
+
+def test_lone_surrogate_in_proxy_name_is_replaced_like_go(api, echo):
+    raw = ('{"name":"sur\\ud800x","listen":"127.0.0.1:0","upstream":"%s"}' % echo.address).encode()
+    resp = api("POST", "/proxies", raw=raw)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["name"] == "sur\ufffdx"
+    port = port_of(resp.json()["listen"])
+    listing = api("GET", "/proxies")
+    assert listing.status_code == 200
+    assert list(listing.json()) == ["sur\ufffdx"]
+    assert api("POST", "/reset").status_code == 204
+    assert api("DELETE", "/proxies/sur%EF%BF%BDx").status_code == 204
+    assert api("GET", "/proxies").json() == {}
+    assert refused(port)
+
+
+def test_lone_surrogates_in_every_string_field_are_replaced(api, echo):
+    raw = (b'{"name":"\\udfff","listen":"127.0.0.1:0","upstream":"%s\\udc00"}'
+           % echo.address.encode())
+    resp = api("POST", "/proxies", raw=raw)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["upstream"] == echo.address + "\ufffd"
+    toxic = api("POST", "/proxies/%EF%BF%BD/toxics",
+                raw=b'{"name":"t\\ud83dy","type":"latency","stream":"up\\udbffstream"}')
+    assert_api_error(toxic, 400, "stream was invalid, can be either upstream or downstream")
+    toxic = api("POST", "/proxies/%EF%BF%BD/toxics", raw=b'{"name":"t\\ud83dy","type":"latency"}')
+    assert toxic.status_code == 200, toxic.text
+    assert toxic.json()["name"] == "t\ufffdy"
+    assert api("GET", "/proxies").status_code == 200
+    assert api("GET", "/proxies/%EF%BF%BD/toxics").status_code == 200
+    assert api("DELETE", "/proxies/%EF%BF%BD/toxics/t%EF%BF%BDy").status_code == 204
+
+
+def test_lone_surrogate_in_populate_is_replaced(api, echo):
+    raw = b'[{"name":"p\\ud800","listen":"127.0.0.1:0","upstream":"%s"}]' % echo.address.encode()
+    resp = api("POST", "/populate", raw=raw)
+    assert resp.status_code == 201, resp.text
+    assert [p["name"] for p in resp.json()["proxies"]] == ["p\ufffd"]
+    assert api("GET", "/proxies").status_code == 200
+
+
+def test_invalid_utf8_is_one_replacement_per_byte_like_go(api, echo):
+    raw = b'{"name":"a\xe2\x82b\xffc","listen":"127.0.0.1:0","upstream":"%s"}' % echo.address.encode()
+    resp = api("POST", "/proxies", raw=raw)
+    assert resp.status_code == 201, resp.text
+    assert resp.json()["name"] == "a\ufffd\ufffdb\ufffdc"
+
+
+def test_go_marshal_never_emits_a_surrogate():
+    assert jsonio.dumps({"a\udc80": ["x\ud800"]}) == '{"a\ufffd":["x\ufffd"]}'
+    assert jsonio.dumps("ok\U0001F600") == '"ok\U0001F600"'
+
+
+# --- item 11: numbers are parsed as Go parses them ---------------------------------------
+
+
+HUGE = "1" + "0" * 5000
+
+
+def test_huge_number_in_unknown_field_is_ignored_like_go(api, echo):
+    raw = ('{"name":"p","listen":"127.0.0.1:0","upstream":"%s","junk":%s}'
+           % (echo.address, HUGE)).encode()
+    resp = api("POST", "/proxies", raw=raw)
+    assert resp.status_code == 201, resp.text
+
+
+@pytest.mark.parametrize("literal", [HUGE, "1" + "0" * 400, "-" + HUGE])
+def test_huge_toxicity_is_400_like_go(api, echo, literal):
+    api("POST", "/proxies", {"name": "p", "listen": "127.0.0.1:0", "upstream": echo.address})
+    resp = api("POST", "/proxies/p/toxics", raw=('{"type":"latency","toxicity":%s}' % literal).encode())
+    assert_api_error(resp, 400, f"bad request body: json: cannot unmarshal number {literal} "
+                                "into Go struct field ToxicWrapper.toxicity of type float32")
+
+
+def test_huge_attribute_is_400_like_go(api, echo):
+    api("POST", "/proxies", {"name": "p", "listen": "127.0.0.1:0", "upstream": echo.address})
+    resp = api("POST", "/proxies/p/toxics",
+               raw=('{"type":"latency","attributes":{"latency":%s}}' % HUGE).encode())
+    assert_api_error(resp, 400, f"bad request body: json: cannot unmarshal number {HUGE} "
+                                "into Go struct field LatencyToxic.attributes.latency of type int64")
+
+
+def test_number_literal_is_quoted_as_sent(api):
+    resp = api("POST", "/proxies", raw=b'{"name":-0,"upstream":"x"}')
+    assert_api_error(resp, 400, "bad request body: json: cannot unmarshal number -0 "
+                                "into Go struct field Proxy.name of type string")
+
+
+def _reset_close(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
