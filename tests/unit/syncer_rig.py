@@ -106,11 +106,13 @@ class Rig:
         self.syncers: list[Syncer] = []
         self.clients: list[Client] = []
 
-    def make(self, quorum: int = 1, grace: float = 0.0, max_staleness: int = 4, fragments: int = 1) -> Syncer:
+    def make(self, quorum: int = 1, grace: float = 0.0, max_staleness: int = 4, fragments: int = 1,
+             **syncer: object) -> Syncer:
+        """`syncer`: any other SyncerConfig field (limits, timeouts, bounds)."""
         # No momentum warm-up: these tests check the arithmetic against torch's Nesterov step.
         cfg = SyncerConfig(host="127.0.0.1", port=0, state_dir=str(self.state_dir), outer_lr=LR,
                            outer_momentum=MU, quorum=quorum, grace=grace, max_staleness=max_staleness,
-                           momentum_warmup=0.0)
+                           momentum_warmup=0.0, **syncer)  # type: ignore[arg-type]
         s = Syncer(cfg, train_config(fragments), SECRET, str(self.run_dir))
         self.syncers.append(s)
         return s

@@ -397,3 +397,103 @@ def test_secret_missing(clean_env) -> None:
 def test_secret_file_unreadable(clean_env, tmp_path) -> None:
     with pytest.raises(ValueError, match="--secret-file: cannot read"):
         load_secret(str(tmp_path / "does-not-exist"))
+
+
+# ----------------------------------------------------------------------------- sessions (issue 15)
+
+def _handshake(pair, secret_client: bytes = SECRET, secret_server: bytes = SECRET) -> tuple[wire.Session, wire.Session]:
+    a, b = pair
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("server", wire.server_handshake(b, secret_server, _deadline())))
+    t.start()
+    client = wire.client_handshake(a, secret_client, _deadline())
+    t.join(timeout=10)
+    return client, out["server"]
+
+
+def test_handshake_gives_both_sides_one_key(pair) -> None:
+    client, server = _handshake(pair)
+    a, b = pair
+    a.sendall(client.seal(wire.message(wire.HELLO, {"learner": 1})))
+    assert wire.read_frame(b, server, _deadline()).header["learner"] == 1
+    b.sendall(server.seal(wire.message(wire.WELCOME, {"incarnation": 1})))
+    assert wire.read_frame(a, client, _deadline()).header["incarnation"] == 1
+
+
+def test_a_frame_is_valid_once_in_one_place(pair) -> None:
+    """Replayed on its own connection, reflected back to its sender, or sent on another
+    connection: each is bad_mac."""
+    client, server = _handshake(pair)
+    a, b = pair
+    frame = client.seal(wire.message(wire.PUSH, {"seq": 1}))
+    a.sendall(frame + frame)
+    assert wire.read_frame(b, server, _deadline()).header["seq"] == 1
+    with pytest.raises(FrameError) as replayed:
+        wire.read_frame(b, server, _deadline())
+    assert _reason(replayed) == "bad_mac"
+    b.sendall(frame)  # reflected: a client frame read by the client
+    with pytest.raises(FrameError) as reflected:
+        wire.read_frame(a, client, _deadline())
+    assert _reason(reflected) == "bad_mac"
+    c, d = socket.socketpair()
+    try:
+        _, other_server = _handshake((c, d))
+        c.sendall(frame)
+        with pytest.raises(FrameError) as elsewhere:
+            wire.read_frame(d, other_server, _deadline())
+        assert _reason(elsewhere) == "bad_mac"
+    finally:
+        c.close()
+        d.close()
+
+
+def test_a_wrong_secret_makes_another_key(pair) -> None:
+    client, server = _handshake(pair, secret_client=OTHER)
+    a, b = pair
+    a.sendall(client.seal(wire.message(wire.HELLO, {})))
+    with pytest.raises(FrameError) as ei:
+        wire.read_frame(b, server, _deadline())
+    assert _reason(ei) == "bad_mac"
+
+
+def test_a_foreign_opening_is_refused_from_its_first_bytes(pair) -> None:
+    a, b = pair
+    a.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 20)
+    with pytest.raises(FrameError) as ei:
+        wire.server_handshake(b, SECRET, _deadline())
+    assert _reason(ei) == "bad_magic"
+
+
+def test_memory_follows_the_bytes_sent_not_the_length_claimed(pair) -> None:
+    """A prefix claiming 64 MiB, then 1 KiB and silence: read_frame waits with ~1 KiB held
+    (it used to allocate and zero the whole claimed buffer first)."""
+    import tracemalloc
+
+    a, b = pair
+    a.sendall(struct.pack("!4sB3xIQ", MAGIC, VERSION, 2, 64 << 20) + b"{}" + b"x" * 1024)
+    tracemalloc.start()
+    try:
+        with pytest.raises(DeadlineExceeded):
+            read_frame(b, SECRET, time.monotonic() + 0.3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"peak {peak >> 20} MiB while a 64 MiB payload was only claimed"
+
+
+@pytest.mark.parametrize("header", [b'{"type":"ACK","crc32":0,"x":' + b"[" * 9 + b"]" * 9 + b"}",
+                                    b'{"type":"ACK","crc32":0,"x":' + b"9" * 33 + b"}",
+                                    b'{"type":"ACK","crc32":0,"x":NaN}',
+                                    b'{"type":"NOT_A_TYPE","crc32":0}'],
+                         ids=["too-deep", "long-number", "nan", "unknown-type"])
+def test_headers_are_parsed_within_bounds(pair, header: bytes) -> None:
+    a, b = pair
+    a.sendall(_raw_frame(SECRET, header))
+    with pytest.raises(FrameError) as ei:
+        read_frame(b, SECRET, _deadline())
+    assert _reason(ei) == "bad_header"
+
+
+def test_strings_do_not_count_as_nesting() -> None:
+    header = wire.parse_header(b'{"type":"ACK","s":"[[[[[[[[[[[[[[[[[[[[\\"{{{{{{{{{{{"}')
+    assert header["s"].startswith("[[[")
