@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import socket
 
+from . import goparse
 from .errors import ListenError
 
 LISTEN_BACKLOG = 4096
@@ -45,18 +46,21 @@ def split_host_port(address: str) -> tuple[str, str]:
     return host, port
 
 
-def parse_port(port: str, address: str) -> int:
-    if port == "":
-        return 0
-    if port.isdigit():
-        value = int(port)
-        if value > 65535:
-            raise AddressError(f"address {address}: invalid port")
-        return value
-    try:
-        return socket.getservbyname(port, "tcp")
-    except OSError:
-        raise AddressError(f"lookup tcp/{port}: unknown port") from None
+def parse_port(port: str) -> int:
+    """net.LookupPort: ASCII digits with an optional sign, else a service name.
+
+    str.isdigit() and int() would take '٣' as port 3; Go looks it up as a
+    name and fails. Go's range error names only the port ("address 70000").
+    """
+    value = goparse.parse_port(port)
+    if value is None:
+        try:
+            value = socket.getservbyname(port, "tcp")
+        except (OSError, ValueError):  # ValueError: a NUL in the name
+            raise AddressError(f"lookup tcp/{port}: unknown port") from None
+    if not 0 <= value <= 65535:
+        raise AddressError(f"address {port}: invalid port")
+    return value
 
 
 def format_addr(ip: str, port: int) -> str:
@@ -69,8 +73,12 @@ def _is_wildcard(host: str) -> bool:
 
 
 def _resolve(host: str, port: int) -> list[tuple[int, tuple]]:
-    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
-                               socket.IPPROTO_TCP)
+    """getaddrinfo; a name IDNA cannot encode ("a..b", a 64-byte label) is an OSError too."""
+    try:
+        infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM,
+                                   socket.IPPROTO_TCP)
+    except (UnicodeError, ValueError) as exc:
+        raise OSError(f"lookup {host}: no such host") from exc
     # Go prefers IPv4 addresses for a name that has both (localhost -> 127.0.0.1).
     infos.sort(key=lambda info: 0 if info[0] == socket.AF_INET else 1)
     return [(info[0], info[4]) for info in infos]
@@ -81,14 +89,19 @@ def _strerror(exc: OSError) -> str:
     return text[:1].lower() + text[1:]
 
 
-def bind_listener(listen: str) -> tuple[socket.socket, str]:
-    """Bind and listen like net.Listen("tcp", listen); returns the socket and its real address."""
+def parse_listen(listen: str) -> tuple[str, int]:
+    """(host, port) of a listen address; ListenError with Go's text if malformed."""
     try:
         # Go treats an empty address as ":0": any interface, any port.
         host, port_text = split_host_port(listen) if listen else ("", "0")
-        port = parse_port(port_text, listen)
+        return host, parse_port(port_text)
     except AddressError as exc:
         raise ListenError(f"listen tcp: {exc}") from None
+
+
+def bind_listener(listen: str) -> tuple[socket.socket, str]:
+    """Bind and listen like net.Listen("tcp", listen); returns the socket and its real address."""
+    host, port = parse_listen(listen)
     if _is_wildcard(host) and socket.has_ipv6:
         # Go listens dual-stack on [::] for a wildcard host.
         candidates = [(socket.AF_INET6, ("::", port)), (socket.AF_INET, ("0.0.0.0", port))]
@@ -125,7 +138,7 @@ def resolve_dial(upstream: str) -> list[tuple[int, tuple]]:
     """Addresses to try for net.Dial("tcp", upstream); raises OSError if unusable."""
     try:
         host, port_text = split_host_port(upstream)
-        port = parse_port(port_text, upstream)
+        port = parse_port(port_text)
     except AddressError as exc:
         raise OSError(str(exc)) from None
     if host == "":

@@ -163,6 +163,43 @@ def test_go_marshal_never_emits_a_surrogate():
 # --- item 11: numbers are parsed as Go parses them ---------------------------------------
 
 
+@pytest.mark.parametrize("port,message", [
+    ("\u0663", "listen tcp: lookup tcp/\u0663: unknown port"),
+    ("\u00b2", "listen tcp: lookup tcp/\u00b2: unknown port"),
+    ("1_0", "listen tcp: lookup tcp/1_0: unknown port"),
+    (" 80", "listen tcp: lookup tcp/ 80: unknown port"),
+    ("a\x00", "listen tcp: lookup tcp/a\x00: unknown port"),
+    ("70000", "listen tcp: address 70000: invalid port"),
+    ("-1", "listen tcp: address -1: invalid port"),
+    ("9" * 30, f"listen tcp: address {'9' * 30}: invalid port"),
+])
+def test_listen_port_is_parsed_like_go(api, port, message):
+    resp = api("POST", "/proxies", {"name": "p", "listen": f"127.0.0.1:{port}",
+                                    "upstream": "127.0.0.1:1"})
+    assert_api_error(resp, 500, message)
+    assert api("GET", "/proxies").json() == {}
+
+
+@pytest.mark.parametrize("port", ["+0", "-0", "00", "+"])
+def test_listen_port_signs_go_accepts(api, port):
+    resp = api("POST", "/proxies", {"name": "p", "listen": f"127.0.0.1:{port}",
+                                    "upstream": "127.0.0.1:1"})
+    assert resp.status_code == 201, resp.text
+    assert port_of(resp.json()["listen"]) > 0
+
+
+@pytest.mark.parametrize("host", ["a..b", "." , "a" * 64])
+def test_listen_host_the_resolver_cannot_encode_is_no_such_host(api, host):
+    resp = api("POST", "/proxies", {"name": "p", "listen": f"{host}:0", "upstream": "127.0.0.1:1"})
+    assert_api_error(resp, 500, f"listen tcp: lookup {host}: no such host")
+
+
+@pytest.mark.parametrize("upstream", ["127.0.0.1:\u0663", "127.0.0.1:70000", "a..b:80", "127.0.0.1:a\x00"])
+def test_upstream_dial_refuses_what_go_refuses(upstream):
+    with pytest.raises(OSError):
+        addr.resolve_dial(upstream)
+
+
 HUGE = "1" + "0" * 5000
 
 
