@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 from urllib.parse import unquote
 
-from . import jsonio
+from . import httpreq, jsonio
 from .collection import PROXY_FIELDS, PopulateError, ProxyCollection, proxy_list_json
 from .errors import (
     ERR_BAD_REQUEST_BODY,
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 VERSION = "2.12.0"
 JSON = "application/json"
 TEXT = "text/plain; charset=utf-8"
-MAX_BODY = 16 << 20
+MAX_BODY = httpreq.MAX_BODY
 _XID_ALPHABET = "0123456789abcdefghijklmnopqrstuv"
 
 
@@ -218,42 +218,27 @@ class Handler(BaseHTTPRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        """Malformed requests: Go answers a plain "400 Bad Request" and closes."""
-        body = f"{code} {self.responses.get(code, ('',))[0]}".encode()
+        """http.server's own refusals (431, 414, 505...) in Go's plain shape."""
+        self._refuse(httpreq.BadRequest(code))
+
+    def _refuse(self, err: httpreq.BadRequest) -> None:
+        """Go answers a request it cannot read with plain text and closes, even for HEAD."""
+        log.debug("%s refused: %s", self.address_string(), err)
         try:
-            self.send_response_only(code)
-            self.send_header("Content-Type", TEXT)
-            self.send_header("Connection", "close")
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            self.wfile.write(err.wire())
         except OSError:
             pass
         self.close_connection = True
 
-    def _read_body(self) -> bytes | None:
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            chunks = []
-            total = 0
-            while True:
-                line = self.rfile.readline(65537)
-                size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                        pass
-                    return b"".join(chunks)
-                total += size
-                if total > MAX_BODY:
-                    return None
-                chunks.append(self.rfile.read(size))
-                self.rfile.readline(3)
-        length = self.headers.get("Content-Length")
-        if not length:
-            return b""
-        count = int(length)
-        if count < 0 or count > MAX_BODY:
-            return None
-        return self.rfile.read(count)
+    def _read_body(self) -> bytes:
+        """The body as Go frames it; raises BadRequest, or OSError if the client went away.
+
+        A header line http.server could not parse (no colon, a space in the name)
+        hides the lines after it, Content-Length included: Go refuses those.
+        """
+        if self.headers.defects or self.headers.get_payload():
+            raise httpreq.BadRequest(400)
+        return httpreq.read_body(self.rfile, self.headers, self.request_version != "HTTP/1.0")
 
     def _original_target(self) -> str:
         """The request target as sent: http.server collapses a leading "//", mux redirects it."""
@@ -263,10 +248,12 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         try:
             body = self._read_body()
-        except (ValueError, OSError):
-            body = None
-        if body is None:
-            self.send_error(400)
+        except httpreq.BadRequest as err:
+            self._refuse(err)
+            return
+        except OSError as exc:  # reset or timed out mid-body: Go closes without a reply
+            log.debug("%s went away mid-body: %s", self.address_string(), exc)
+            self.close_connection = True
             return
         raw_path = self._original_target()
         if "://" in raw_path.split("?", 1)[0]:

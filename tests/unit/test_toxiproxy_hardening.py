@@ -160,6 +160,89 @@ def test_go_marshal_never_emits_a_surrogate():
     assert jsonio.dumps("ok\U0001F600") == '"ok\U0001F600"'
 
 
+# --- item 9: bodies are capped however they are framed ------------------------------------
+
+
+@pytest.mark.parametrize("size_line", [
+    b"-1", b"+5", b" 5", b"5 ;ext", b"0x5", b"5_0", "\u0665".encode(), b"", b"g",
+    b"1" * 17, b"5\x00", b"-0",
+])
+def test_malformed_chunk_size_is_400(srv, size_line):
+    reply = exchange(srv, chunked("GET", "/version", size_line + b"\r\n"))
+    assert_go_transport_error(reply, 400, "400 Bad Request")
+
+
+@pytest.mark.parametrize("body", [
+    b"5\r\nhelloXX0\r\n\r\n",                        # chunk data not followed by CRLF
+    b"5\r\nhello\r\n0\r\n" + b"X-T: v\r\n" * 1000,   # trailer never ends within 4 KiB
+    b"1;" + b"e" * 5000 + b"\r\nx\r\n",              # one chunk line over Go's 4 KiB limit
+    b"".join(b"1;" + b"e" * 4000 + b"\r\nx\r\n" for _ in range(5)),  # Go: too much non-data
+])
+def test_malformed_chunked_framing_is_400(srv, body):
+    reply = exchange(srv, chunked("GET", "/version", body))
+    assert_go_transport_error(reply, 400, "400 Bad Request")
+
+
+@pytest.mark.parametrize("size_line", [b"5", b"05", b"5;name=val", b'5;q="a b"', b"5 \t", b"00005"])
+def test_valid_chunk_sizes_are_read(srv, size_line):
+    body = b'{"a":'
+    data = chunked("POST", "/populate", size_line + b"\r\n" + body + b"\r\n2\r\n1}\r\n0\r\n\r\n")
+    code, _, _, payload = head_of(exchange(srv, data))
+    assert code == 400
+    assert b"cannot unmarshal object into Go value of type []toxiproxy.Proxy" in payload
+
+
+def test_chunked_body_with_trailer_is_read(srv):
+    data = chunked("POST", "/populate", b"2\r\n[]\r\n0\r\nX-Trailer: 1\r\n\r\n")
+    code, _, _, payload = head_of(exchange(srv, data))
+    assert code == 201
+    assert payload == b'{"proxies":null}'
+
+
+def test_content_length_over_cap_is_413(srv):
+    reply = exchange(srv, request("POST", "/proxies", {"Content-Length": str(MAX_BODY + 1)}))
+    assert_go_transport_error(reply, 413, "413 Request Entity Too Large")
+
+
+def test_chunk_declared_over_cap_is_413(srv):
+    reply = exchange(srv, chunked("POST", "/proxies", b"%x\r\n" % (MAX_BODY + 1)))
+    assert_go_transport_error(reply, 413, "413 Request Entity Too Large")
+
+
+def test_chunks_summing_over_cap_are_413(srv):
+    half = MAX_BODY // 2
+    body = (b"%x\r\n" % half + b"x" * half + b"\r\n") * 2 + b"1\r\n"
+    reply = exchange(srv, chunked("POST", "/proxies", body))
+    assert_go_transport_error(reply, 413, "413 Request Entity Too Large")
+
+
+def test_body_at_cap_is_accepted(srv):
+    body = b"[]" + b" " * (MAX_BODY - 2)
+    data = request("POST", "/populate", {"Content-Length": str(len(body))}) + body
+    code, _, _, payload = head_of(exchange(srv, data))
+    assert code == 201 and payload == b'{"proxies":null}'
+
+
+@pytest.mark.parametrize("line", [b"GARBAGE", b"Bad Name: 1", b"Content-Length : 2"])
+def test_malformed_header_line_is_400_like_go(srv, line):
+    # http.server would drop every header after such a line, Content-Length included,
+    # and read the body as the next request.
+    data = b"POST /populate HTTP/1.1\r\nHost: x\r\n" + line + b"\r\nContent-Length: 2\r\n\r\n[]"
+    assert_go_transport_error(exchange(srv, data), 400, "400 Bad Request")
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "chunked, chunked", "identity"])
+def test_unsupported_transfer_encoding_is_501_like_go(srv, encoding):
+    reply = exchange(srv, request("POST", "/populate", {"Transfer-Encoding": encoding}))
+    assert_go_transport_error(reply, 501, "Unsupported transfer encoding")
+
+
+def test_body_without_framing_is_empty(srv):
+    code, _, _, payload = head_of(exchange(srv, request("POST", "/populate")))
+    assert code == 400
+    assert json.loads(payload)["error"] == "bad request body: EOF"
+
+
 # --- item 11: numbers are parsed as Go parses them ---------------------------------------
 
 
@@ -198,6 +281,26 @@ def test_listen_host_the_resolver_cannot_encode_is_no_such_host(api, host):
 def test_upstream_dial_refuses_what_go_refuses(upstream):
     with pytest.raises(OSError):
         addr.resolve_dial(upstream)
+
+
+@pytest.mark.parametrize("value", ["5_0", "+50", "-0", "\u0665\u0660", "0x32", "", "50, 50",
+                                   "9" * 25])
+def test_content_length_is_parsed_like_go(srv, value):
+    reply = exchange(srv, request("GET", "/version", {"Content-Length": value}))
+    assert_go_transport_error(reply, 400, "400 Bad Request")
+
+
+def test_conflicting_content_lengths_are_400(srv):
+    data = request("POST", "/populate", {"Content-Length": "2"})
+    data = data.replace(b"\r\n\r\n", b"\r\nContent-Length: 3\r\n\r\n") + b"[] "
+    assert_go_transport_error(exchange(srv, data), 400, "400 Bad Request")
+
+
+def test_padded_and_repeated_equal_content_length_is_fine(srv):
+    data = request("POST", "/populate", {"Content-Length": " 2\t"})
+    data = data.replace(b"\r\n\r\n", b"\r\nContent-Length: 2\r\n\r\n") + b"[]"
+    code, _, _, payload = head_of(exchange(srv, data))
+    assert code == 201 and payload == b'{"proxies":null}'
 
 
 HUGE = "1" + "0" * 5000
