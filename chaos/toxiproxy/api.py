@@ -18,7 +18,6 @@ import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
-from urllib.parse import unquote
 
 from . import httpreq, jsonio
 from .collection import PROXY_FIELDS, PopulateError, ProxyCollection, proxy_list_json
@@ -207,6 +206,8 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = 60  # Go's IdleTimeout
     server: "ApiHTTPServer"
+    route_path = "/"  # the request's percent-decoded path, set by parse_request
+    query = ""  # "?" and the raw query when the target had one, for redirects
 
     def __getattr__(self, name: str) -> Any:
         # Any method reaches the router, which answers 404/405 as mux does.
@@ -240,10 +241,15 @@ class Handler(BaseHTTPRequestHandler):
             raise httpreq.BadRequest(400)
         return httpreq.read_body(self.rfile, self.headers, self.request_version != "HTTP/1.0")
 
-    def _original_target(self) -> str:
-        """The request target as sent: http.server collapses a leading "//", mux redirects it."""
-        words = self.raw_requestline.decode("iso-8859-1").split()
-        return words[1] if len(words) >= 2 else self.path
+    def parse_request(self) -> bool:
+        """Go's request-line rules first (http.server's are looser), then http.server's."""
+        try:
+            _method, target, _proto = httpreq.parse_request_line(self.raw_requestline)
+            self.route_path, self.query = httpreq.split_target(target)
+        except httpreq.BadRequest as err:
+            self._refuse(err)
+            return False
+        return super().parse_request()
 
     def _dispatch(self) -> None:
         try:
@@ -255,14 +261,10 @@ class Handler(BaseHTTPRequestHandler):
             log.debug("%s went away mid-body: %s", self.address_string(), exc)
             self.close_connection = True
             return
-        raw_path = self._original_target()
-        if "://" in raw_path.split("?", 1)[0]:
-            raw_path = "/" + raw_path.split("://", 1)[1].partition("/")[2]
-        raw_path, _, query = raw_path.partition("?")
-        path = unquote(raw_path)
+        path = self.route_path
         cleaned = clean_path(path)
         if cleaned != path:
-            location = cleaned + (f"?{query}" if query else "")
+            location = httpreq.escape_path(cleaned) + self.query
             self._send(Response(301, b"", None, [("Location", location)]))
             return
         handler, params, known = self.server.api.match(self.command, path)
@@ -295,7 +297,7 @@ class Handler(BaseHTTPRequestHandler):
         if response.content_type:
             self.send_header("Content-Type", response.content_type)
         for name, value in response.headers:
-            self.send_header(name, value)
+            self.send_header(name, httpreq.header_value(value))
         if response.status != 204 and response.status >= 200:
             self.send_header("Content-Length", str(len(response.body)))
         self.end_headers()

@@ -9,8 +9,11 @@ disagreeing about where the next request starts, so this is followed closely.
 
 from __future__ import annotations
 
+import re
+import string
 from email.message import Message
 from typing import BinaryIO
+from urllib.parse import unquote_to_bytes
 
 from . import goparse
 
@@ -24,6 +27,12 @@ MAX_CHUNK_LINE = 4096  # net/http's maxLineLength for a chunk-size line
 MAX_TRAILER = 4096  # Go only looks this far (one bufio buffer) for a trailer's end
 MAX_CHUNK_EXCESS = 16 * 1024  # "chunked encoding contains too much non-data"
 _CRLF = b"\r\n"
+_ALNUM = (string.ascii_letters + string.digits).encode()
+_TOKEN = frozenset(_ALNUM + b"!#$%&'*+-.^_`|~")  # validMethod
+_PATH_SAFE = frozenset(_ALNUM + b"-_.~$&+,/:;=@")  # url.shouldEscape(c, encodePath) is false
+_SCHEME_LATER = frozenset(string.digits + "+-.")
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_UNSAFE_IN_HEADER = re.compile(r"[\x00-\x1f\x7f]|[^\x00-\xff]")
 
 GO_REASONS = {
     400: "Bad Request",
@@ -38,8 +47,8 @@ GO_REASONS = {
 class BadRequest(Exception):
     """A request Go's server refuses itself: status line reason plus a plain-text body."""
 
-    def __init__(self, status: int, body: str | None = None) -> None:
-        reason = GO_REASONS.get(status, "Error")
+    def __init__(self, status: int, body: str | None = None, detail: str = "") -> None:
+        reason = GO_REASONS.get(status, "Error") + (f": {detail}" if detail else "")
         super().__init__(f"{status} {reason}")
         self.status = status
         self.reason = reason
@@ -160,3 +169,95 @@ def _read_trailer(rfile: BinaryIO) -> None:
                 or line[:1] in (b" ", b"\t")):
             raise BadRequest(400)
     raise BadRequest(400)
+
+
+# --- request line and target ---------------------------------------------------------
+
+
+def parse_request_line(raw: bytes) -> tuple[str, str, str]:
+    """(method, target, proto) by Go's parseRequestLine; raises BadRequest.
+
+    Stricter than http.server where Go is: exactly two single spaces, a token
+    method, "HTTP/d.d", and no control byte in the target (Go's "invalid
+    control character in URL"), so no CR, LF or NUL can ever be echoed.
+    """
+    line = raw[:-1] if raw.endswith(b"\n") else raw
+    line = line[:-1] if line.endswith(b"\r") else line
+    method, sep1, rest = line.partition(b" ")
+    target, sep2, proto = rest.partition(b" ")
+    if not sep1 or not sep2 or not method or not _TOKEN.issuperset(method):
+        raise BadRequest(400)
+    major = _http_major(proto)
+    if major is None:
+        raise BadRequest(400)
+    if major != 1:
+        raise BadRequest(505, detail="unsupported protocol version")
+    if any(byte < 0x20 or byte == 0x7F for byte in target):
+        raise BadRequest(400)
+    return method.decode("ascii"), target.decode("latin-1"), proto.decode("ascii")
+
+
+def _http_major(proto: bytes) -> int | None:
+    """ParseHTTPVersion: "HTTP/" and one ASCII digit each side of the dot, else None."""
+    if len(proto) != 8 or not proto.startswith(b"HTTP/") or proto[6:7] != b".":
+        return None
+    if not (proto[5:6].isdigit() and proto[7:8].isdigit()):  # bytes.isdigit: ASCII only
+        return None
+    return proto[5] - ord("0")
+
+
+def _scheme_end(target: str) -> int:
+    """url.getScheme: index of the ':' ending a scheme, or -1; a leading ':' is 400."""
+    for index, char in enumerate(target):
+        if char.isascii() and char.isalpha():
+            continue
+        if char in _SCHEME_LATER and index > 0:
+            continue
+        if char == ":":
+            if index == 0:
+                raise BadRequest(400)  # "missing protocol scheme"
+            return index
+        return -1
+    return -1
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """url.ParseRequestURI as far as routing needs: (decoded path, "?query" or "").
+
+    The path is percent-decoded to bytes as Go keeps it, then read as UTF-8 with
+    surrogateescape: a valid name matches as in Go, an invalid byte matches no
+    name and is re-encoded exactly by escape_path. For an absolute target
+    ("http://host/p") only the path is kept; Go would echo scheme and host in a
+    redirect, we never echo them.
+    """
+    if target == "*":
+        return "*", ""
+    scheme = _scheme_end(target)
+    path, sep, query = target[scheme + 1:].partition("?")
+    if scheme < 0 and not path.startswith("/"):
+        raise BadRequest(400)  # "invalid URI for request"
+    if scheme >= 0 and path.startswith("//"):
+        slash = path.find("/", 2)
+        path = path[slash:] if slash >= 0 else ""
+    elif scheme >= 0 and not path.startswith("/"):
+        path = ""  # opaque: Go routes an empty path
+    if _BAD_ESCAPE.search(path):
+        raise BadRequest(400)  # "invalid URL escape"
+    decoded = unquote_to_bytes(path.encode("latin-1"))
+    return decoded.decode("utf-8", "surrogateescape"), sep + query
+
+
+def escape_path(path: str) -> str:
+    """url.escape(path, encodePath), as mux's redirect writes Location: CR/LF become %0D%0A."""
+    raw = path.encode("utf-8", "surrogateescape")
+    return "".join(chr(byte) if byte in _PATH_SAFE else f"%{byte:02X}" for byte in raw)
+
+
+def header_value(value: str) -> str:
+    """Last guard before a header is written: percent-encode controls and non-Latin-1.
+
+    Every value we write is ours or escaped already; this makes an injected
+    CR/LF impossible even if a future caller forgets.
+    """
+    return _UNSAFE_IN_HEADER.sub(
+        lambda m: "".join(f"%{b:02X}" for b in m.group().encode("utf-8", "surrogatepass")), value)

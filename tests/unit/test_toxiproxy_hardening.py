@@ -243,6 +243,55 @@ def test_body_without_framing_is_empty(srv):
     assert json.loads(payload)["error"] == "bad request body: EOF"
 
 
+# --- item 10: nothing from a request reaches a response header unescaped -----------------
+
+
+@pytest.mark.parametrize("target,location", [
+    ("//x%0d%0aInjected:%20yes", "/x%0D%0AInjected:%20yes"),
+    ("//%E2%98%83", "/%E2%98%83"),
+    ("//caf%C3%A9", "/caf%C3%A9"),
+    ("//%FF", "/%FF"),
+    ("//a%3Fb?q=1", "/a%3Fb?q=1"),
+    ("//a?", "/a?"),
+    ("/a/../b%20c*", "/b%20c%2A"),
+    ("/p/../a://b", "/a:/b"),
+])
+def test_redirect_location_is_escaped_like_go(srv, target, location):
+    reply = exchange(srv, request("GET", target))
+    code, headers, lines, body = head_of(reply)
+    assert code == 301
+    assert headers["location"] == location
+    assert not any(line.lower().startswith(b"injected") for line in lines)
+    assert all(b"\r" not in line and b"\n" not in line for line in lines)
+
+
+def test_absolute_target_routes_its_path_and_never_echoes_the_host(srv):
+    code, headers, _, _ = head_of(exchange(srv, request("GET", "http://evil%0d%0a//version")))
+    assert code == 301 and headers["location"] == "/version"
+    code, _, _, body = head_of(exchange(srv, request("GET", "http://h/version")))
+    assert code == 200 and body == b'{"version": "2.12.0"}\n'
+
+
+def test_header_values_never_carry_controls():
+    from chaos.toxiproxy import httpreq
+
+    assert httpreq.header_value("a\r\nb\x00\x7f\u00fc\u2603") == "a%0D%0Ab%00%7F\u00fc%E2%98%83"
+
+
+@pytest.mark.parametrize("target", [b"//a\x01", b"//a\x7f", b"/version\x0b", b"/a%zz", b"/a%4",
+                                    b"", b"version", b":x"])
+def test_bad_request_target_is_400_like_go(srv, target):
+    reply = exchange(srv, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert_go_transport_error(reply, 400, "400 Bad Request")
+
+
+@pytest.mark.parametrize("line", [b"GET /version", b"GET  /version HTTP/1.1", b"G\x00T /version HTTP/1.1",
+                                  b"GET /version HTTP/1.10"])
+def test_malformed_request_line_is_400_like_go(srv, line):
+    reply = exchange(srv, line + b"\r\nHost: x\r\n\r\n")
+    assert_go_transport_error(reply, 400, "400 Bad Request")
+
+
 # --- item 11: numbers are parsed as Go parses them ---------------------------------------
 
 
