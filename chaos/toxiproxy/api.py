@@ -14,6 +14,7 @@ import posixpath
 import secrets
 import socket
 import socketserver
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -334,6 +335,17 @@ class ApiHTTPServer(ThreadingHTTPServer):
         with self._open_lock:
             self._open.discard(request)
         super().shutdown_request(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away is routine (Go stays silent); anything else is logged, not printed.
+
+        socketserver's default prints a traceback to stderr for both.
+        """
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            log.debug("client %s went away: %r", client_address, exc)
+            return
+        log.error("error serving %s", client_address, exc_info=exc)
 
     def close_open_connections(self) -> None:
         """Wake handler threads blocked on idle keep-alive sockets so they exit."""

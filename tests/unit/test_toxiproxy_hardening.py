@@ -387,3 +387,33 @@ def test_number_literal_is_quoted_as_sent(api):
 def _reset_close(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+def test_client_reset_is_silent(srv, capfd):
+    for partial in (b"GET /ver", b"GET /version HTTP/1.1\r\nHost: x\r\n\r\n"):
+        sock = socket.create_connection(("127.0.0.1", srv.port), timeout=IO_TIMEOUT_S)
+        sock.sendall(partial)
+        time.sleep(0.05)  # let the server block in its read before the reset arrives
+        _reset_close(sock)
+    assert wait_until(lambda: not srv._httpd._open, timeout=IO_TIMEOUT_S)
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+@pytest.mark.parametrize("exc", [BrokenPipeError, ConnectionResetError, ConnectionAbortedError,
+                                 TimeoutError])
+def test_disconnect_errors_never_print(srv, capfd, exc):
+    try:
+        raise exc()
+    except OSError:
+        srv._httpd.handle_error(None, ("127.0.0.1", 1))
+    assert capfd.readouterr().err == ""
+
+
+def test_unexpected_handler_errors_are_logged_with_traceback(srv, caplog):
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        srv._httpd.handle_error(None, ("127.0.0.1", 1))
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.exc_info and "boom" in caplog.text
