@@ -501,6 +501,7 @@ def common_row(system: str, events: list[dict], history: list[dict], summary: di
 def run_islands(mode: str, schedule: Schedule, run_dir: Path, duration: float,
                 threshold: float = GAP_THRESHOLD, step_time: float = 0.0, warm_spares: int = 0,
                 adopt: str = "mix") -> dict:
+    from chaos.checkers import not_passed
     from chaos.controller import HISTORY_FILE, read_history
     from chaos.runner import run_schedule
     from trainer.events import read_events
@@ -517,8 +518,9 @@ def run_islands(mode: str, schedule: Schedule, run_dir: Path, duration: float,
         "eval_error": result.summary.get("eval_error"),
         "loss_floor": result.summary.get("loss_floor"),
         "faults_applied": "all",
-        "checks": "pass" if result.passed else "FAIL: " + ", ".join(failed),
+        "checks": "pass" if result.passed else "FAIL: " + ", ".join(not_passed(result.document)),
         "verdict": {"passed": result.passed, "failed": failed, "unknown": result.document["unknown"],
+                    "required": result.document["required"], "undecided": result.document["undecided"],
                     "checks": {c["name"]: {"status": c["status"], "detail": c["detail"]}
                                for c in result.document["checks"]}},
     })

@@ -17,8 +17,11 @@ from trainer.rundir import claim_run_dir, release_if_empty
 
 
 def print_verdicts(result) -> None:
+    from .checkers import describe_required
+
     width = max(len(v.name) for v in result.verdicts)
     print(f"\nverdict: {'PASS' if result.passed else 'FAIL'}  ({result.run_dir / 'verdict.json'})")
+    print(f"  {describe_required(result.document)}")
     for v in result.verdicts:
         print(f"  {v.status.upper():<7} {v.name:<{width}}  {v.detail}")
     s = result.summary

@@ -1,21 +1,32 @@
-"""Checkers: verdicts from the controller's history and the processes' event logs only.
+"""Checkers: verdicts from the controller's history, the processes' event logs and the
+syncer's state files (chaos/durable.py) only.
 
 Each checker answers pass, fail or unknown (when the run did not give it enough to
-decide), with evidence: times, learners, versions. Times in evidence are seconds since
-the schedule began (the history's `begin` entry), on the shared monotonic clock.
+decide), with evidence: times, learners, versions; a check with nothing to judge in the
+run's mode answers n/a. Times in evidence are seconds since the schedule began (the
+history's `begin` entry), on the shared monotonic clock.
+
+The safety checks (SAFETY_CHECKS) are required: a run passes only when each of them that
+applies passes. Unknown is not pass for safety: a run that cannot show it lost no
+acknowledged push has not shown it is safe.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Callable
 
 from .divergence import check_no_divergence
+from .durable import DurableState, canonical_id, read_durable_state
 from .pace import Pace, measure
 from .reference import ReferenceCurve
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
+NOT_APPLICABLE = "n/a"  # nothing to judge in this run's mode
+# Required to pass (where they apply); every other check only may not fail.
+SAFETY_CHECKS = ("no_lost_acks", "no_double_apply", "monotonic_versions", "finite")
 LEARNER_IMPAIRING = {"kill", "pause", "partition"}
 
 # Time windows on the run's own clock (chaos/pace.py): each allowance is the fixed delays
@@ -62,6 +73,7 @@ class Window:
 class RunView:
     events: list[dict]
     history: list[dict]
+    state_dir: Path | None = None  # the syncer's state directory, read when it wrote no final state
 
     @property
     def t0(self) -> float:
@@ -106,6 +118,29 @@ class RunView:
     def final_state(self) -> dict | None:
         finals = [e for e in self.events if e["kind"] == "final_state"]
         return finals[-1] if finals else None
+
+    def last_final_state(self) -> dict | None:
+        """The final state of the syncer's last incarnation, if it stopped cleanly: None when a
+        syncer started after it (and then died, say SIGKILLed at the very end)."""
+        final = self.final_state()
+        if final is None:
+            return None
+        restarted = any(e["kind"] == "process_start" and e.get("role") == "syncer" and e["t"] > final["t"]
+                        for e in self.events)
+        return None if restarted else final
+
+    @cached_property
+    def durable(self) -> DurableState | None:
+        """The syncer's state directory, read from its files (None without one)."""
+        return read_durable_state(self.state_dir)
+
+    @cached_property
+    def mode(self) -> str:
+        """decoupled or sync, as the syncer said (else a learner); decoupled when none did."""
+        said = [e for e in self.events if e["kind"] in ("process_start", "final_state")
+                and e.get("mode") in ("decoupled", "sync")]
+        syncer = [e for e in said if e.get("process") == "syncer" or e.get("role") == "syncer"]
+        return (syncer or said or [{"mode": "decoupled"}])[0]["mode"]
 
     @cached_property
     def pace(self) -> Pace:
@@ -351,21 +386,96 @@ def _acked(view: RunView) -> set[str]:
     return {e["id"] for e in view.events if e["kind"] == "push" and e.get("status") in ("accepted", "duplicate")}
 
 
+SYNC_NOTHING_TO_JUDGE = {
+    "no_lost_acks": "sync mode acknowledges no push: a round's gradients are averaged in a barrier and "
+                    "never stored as pushes",
+    "no_double_apply": "sync mode merges no pushes and keeps no ledger of them",
+    "monotonic_versions": "sync mode has no fragment versions, and its rounds go back legitimately after a "
+                          "syncer restart, to its last checkpoint (--sync-checkpoint-every)",
+}
+
+
+def _not_applicable(view: RunView, name: str) -> Verdict | None:
+    """An n/a verdict when `name` has nothing to judge in the run's mode (then it is not required)."""
+    if view.mode == "sync" and name in SYNC_NOTHING_TO_JUDGE:
+        return Verdict(name, NOT_APPLICABLE, f"not applicable in sync mode: {SYNC_NOTHING_TO_JUDGE[name]}",
+                       {"mode": "sync"})
+    return None
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What the syncer applied, and what it holds durably to apply on a restart."""
+
+    applied: list[str]             # every merged push id, all fragments (duplicates kept)
+    pending: dict[str, str]        # push id -> fragment: accepted, durable, not merged yet
+    source: str
+    unreadable: tuple[str, ...] = ()
+
+
+def _ledger(view: RunView) -> Ledger | None:
+    """The clean final state of the syncer's last incarnation, else its state directory's
+    files (a syncer SIGKILLed at the end), else None."""
+    final = view.last_final_state()
+    if final is not None and "applied" in final:
+        return Ledger([i for ids in final["applied"].values() for i in ids], {}, "the syncer's final state")
+    durable = view.durable
+    if durable is not None:
+        return Ledger([i for ids in durable.applied.values() for i in ids], dict(durable.pending),
+                      f"the state dir {durable.root} (no final state from the syncer's last incarnation)",
+                      tuple(durable.unreadable))
+    return None
+
+
+def _quarantined(view: RunView) -> dict[str, str]:
+    """Push id -> why the syncer quarantined it (`push_quarantined` events, and the notes in
+    the state dir's quarantine/ for a syncer killed before it could say so)."""
+    out = {canonical_id(str(e["id"])): str(e.get("reason") or "unknown reason")
+           for e in view.events if e["kind"] == "push_quarantined" and e.get("id") is not None}
+    for ident, note in (view.durable.quarantined.items() if view.durable is not None else ()):
+        out.setdefault(ident, str(note.get("reason") or "unknown reason"))
+    return out
+
+
 def check_no_lost_acks(view: RunView) -> Verdict:
-    final = view.final_state()
+    """Every acknowledged push (accepted, or duplicate on a retry) is applied: in a merged
+    ledger, or still pending durably, which a restart merges. One the syncer quarantined
+    was acknowledged yet never applied: lost, with its reason. Without a clean final state
+    the syncer's state directory decides (chaos/durable.py)."""
+    skip = _not_applicable(view, "no_lost_acks")
+    if skip is not None:
+        return skip
     acked = _acked(view)
-    if final is None or "applied" not in final:
-        return Verdict("no_lost_acks", UNKNOWN, "no final state from the syncer (sync mode, or it did not stop cleanly)",
-                       {"acked": len(acked)})
-    applied = {i for ids in final["applied"].values() for i in ids}
-    lost = sorted(acked - applied)
-    evidence = {"acked": len(acked), "applied": len(applied), "lost": lost[:50]}
-    if lost:
-        return Verdict("no_lost_acks", FAIL, f"{len(lost)} acknowledged push(es) never applied", evidence)
-    return Verdict("no_lost_acks", PASS, f"all {len(acked)} acknowledged pushes were applied", evidence)
+    ledger = _ledger(view)
+    if ledger is None:
+        return Verdict("no_lost_acks", UNKNOWN, "no final state from the syncer (it did not stop cleanly) and no "
+                                                "state dir to read", {"acked": len(acked)})
+    quarantined = _quarantined(view)
+    applied = set(ledger.applied)
+    lost_to_quarantine = {i: quarantined[i] for i in sorted(acked & set(quarantined))}
+    missing = sorted(acked - applied - set(ledger.pending) - set(quarantined))
+    pending = sorted((acked & set(ledger.pending)) - applied - set(quarantined))
+    evidence = {"acked": len(acked), "applied": len(applied), "source": ledger.source,
+                "pending_durably": pending[:50], "quarantined": lost_to_quarantine, "lost": missing[:50]}
+    if ledger.unreadable:
+        evidence["unreadable_pending"] = list(ledger.unreadable[:20])
+    if missing or lost_to_quarantine:
+        parts = [f"{len(missing)} never applied nor pending"] if missing else []
+        if lost_to_quarantine:
+            parts.append("quarantined, so never applied: " + ", ".join(
+                f"{i} ({why})" for i, why in list(lost_to_quarantine.items())[:5]))
+        return Verdict("no_lost_acks", FAIL, f"{len(missing) + len(lost_to_quarantine)} acknowledged push(es) lost "
+                                             f"({'; '.join(parts)}), judged from {ledger.source}", evidence)
+    held = (f"; {len(pending)} of them are still pending durably, which a restart would merge"
+            if pending else "")
+    return Verdict("no_lost_acks", PASS, f"all {len(acked)} acknowledged pushes were applied{held} (from "
+                                         f"{ledger.source})", evidence)
 
 
 def check_no_double_apply(view: RunView) -> Verdict:
+    skip = _not_applicable(view, "no_double_apply")
+    if skip is not None:
+        return skip
     seen: dict[str, float] = {}
     doubles = []
     for e in view.events:
@@ -375,17 +485,21 @@ def check_no_double_apply(view: RunView) -> Verdict:
             if c["id"] in seen:
                 doubles.append({"id": c["id"], "first": view.rel(seen[c["id"]]), "again": view.rel(e["t"])})
             seen.setdefault(c["id"], e["t"])
-    final = view.final_state()
-    if final is not None and "applied" in final:
-        for frag, ids in final["applied"].items():
-            if len(ids) != len(set(ids)):
-                doubles.append({"fragment": frag, "ledger_duplicates": len(ids) - len(set(ids))})
+    final = view.last_final_state()
+    ledgers = final["applied"] if final is not None and "applied" in final else \
+        (view.durable.applied if view.durable is not None else {})
+    for frag, ids in ledgers.items():
+        if len(ids) != len(set(ids)):
+            doubles.append({"fragment": frag, "ledger_duplicates": len(ids) - len(set(ids))})
     if doubles:
         return Verdict("no_double_apply", FAIL, f"{len(doubles)} push(es) applied twice", {"doubles": doubles[:50]})
     return Verdict("no_double_apply", PASS, f"{len(seen)} merged pushes, each applied once", {"merged": len(seen)})
 
 
 def check_monotonic_versions(view: RunView) -> Verdict:
+    skip = _not_applicable(view, "monotonic_versions")
+    if skip is not None:
+        return skip
     last: dict[int, int] = {}
     backwards = []
     for e in view.events:
@@ -633,8 +747,44 @@ def run_checkers(view: RunView, options: dict[str, dict] | None = None) -> list[
     return [fn(view, **options.get(name, {})) for name, fn in CHECKERS.items()]
 
 
+def required_checks(verdicts: list[Verdict]) -> list[str]:
+    """The checks this run must pass: the safety checks that apply in its mode."""
+    return [v.name for v in verdicts if v.name in SAFETY_CHECKS and v.status != NOT_APPLICABLE]
+
+
+def failing(verdicts: list[Verdict]) -> list[Verdict]:
+    """The verdicts that fail a run: every failed check, and each required one left unknown."""
+    required = set(required_checks(verdicts))
+    return [v for v in verdicts if v.status == FAIL or (v.name in required and v.status == UNKNOWN)]
+
+
 def verdict_document(verdicts: list[Verdict]) -> dict:
-    return {"passed": all(v.status != FAIL for v in verdicts),
-            "failed": [v.name for v in verdicts if v.status == FAIL],
+    """The run's verdict: it passes when no check failed and every required check passed.
+    `undecided` names the required checks that answered unknown (they fail the run too)."""
+    required = required_checks(verdicts)
+    undecided = [v.name for v in verdicts if v.name in required and v.status == UNKNOWN]
+    failed = [v.name for v in verdicts if v.status == FAIL]
+    return {"passed": not failing(verdicts),
+            "failed": failed,
             "unknown": [v.name for v in verdicts if v.status == UNKNOWN],
+            "required": required,
+            "undecided": undecided,
+            "not_applicable": [v.name for v in verdicts if v.status == NOT_APPLICABLE],
             "checks": [v.to_dict() for v in verdicts]}
+
+
+def describe_required(document: dict) -> str:
+    """One line: which checks the run had to pass, which did not apply, which were left unknown."""
+    if "required" not in document:
+        return "required checks: not recorded (a verdict from before they were)"
+    line = "required to pass: " + (", ".join(document["required"]) or "none")
+    if document.get("not_applicable"):
+        line += f"; not applicable in this mode: {', '.join(document['not_applicable'])}"
+    if document.get("undecided"):
+        line += f"; unknown, which fails the run: {', '.join(document['undecided'])}"
+    return line
+
+
+def not_passed(document: dict) -> list[str]:
+    """Why a verdict failed, by check: the failed ones, then the required ones left unknown."""
+    return [*document.get("failed", []), *(f"{n} (unknown, required)" for n in document.get("undecided", []))]

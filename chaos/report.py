@@ -691,6 +691,9 @@ def _verdict_html(run: Run) -> str:
     checks = verdict.get("checks") if isinstance(verdict.get("checks"), list) else []
     if not checks:
         return "<p class='note'>verdict.json holds no checks.</p>"
+    from .checkers import describe_required  # report reads verdict.json; this only words it
+
+    required = set(verdict.get("required") or [])
     rows = []
     for c in checks:
         if not isinstance(c, dict):
@@ -700,9 +703,13 @@ def _verdict_html(run: Run) -> str:
         if evidence:
             ev = (f"<details><summary>evidence</summary><pre>{_e(json.dumps(evidence, indent=2, default=str))}"
                   f"</pre></details>")
-        rows.append(f"<tr><td>{_e(c.get('name'))}</td>{_status_cell(c.get('status'))}"
+        must = "yes" if c.get("name") in required else ""
+        rows.append(f"<tr><td>{_e(c.get('name'))}</td>{_status_cell(c.get('status'))}<td>{must}</td>"
                     f"<td>{_e(c.get('detail'))}{ev}</td></tr>")
-    return "<table><tr><th>check</th><th>status</th><th>detail</th></tr>" + "".join(rows) + "</table>"
+    return (f"<p class='sub'>{_e(describe_required(verdict))}. A run passes when no check fails and every "
+            "required check passes: unknown is not pass for safety.</p>"
+            "<table><tr><th>check</th><th>status</th><th>required</th><th>detail</th></tr>"
+            + "".join(rows) + "</table>")
 
 
 def _summary_html(run: Run) -> str:

@@ -141,7 +141,7 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
                  evaluate: bool = True, reference: ReferenceCurve | None = None) -> RunResult:
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
     evaluation = final_loss(run_dir, data) if evaluate else {}
-    view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE))
+    view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE), state_dir=run_dir / "state")
     verdicts = run_checkers(view, with_reference(checker_options, reference))
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)

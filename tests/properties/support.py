@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from chaos.checkers import FAIL
+from chaos.checkers import failing
 from chaos.pytest_plugin import streaming_trainer_args
 from chaos.runner import RunResult, run_schedule
 from faults import Schedule
@@ -86,7 +86,8 @@ class Trial:
     ranks: int = 1
 
     def failed(self, *checks: str) -> list[str]:
-        names = {v.name for v in self.result.verdicts if v.status == FAIL}
+        """The checks that fail the run (a required one left unknown among them), or those of `checks`."""
+        names = {v.name for v in failing(self.result.verdicts)}
         return sorted(names & set(checks)) if checks else sorted(names)
 
     def replay_command(self, schedule_path: Path | None = None) -> str:

@@ -11,10 +11,11 @@ import math
 
 import pytest
 
-from chaos.checkers import (CHECKERS, FAIL, PASS, UNKNOWN, RunView, Verdict, Window, check_converged,
+from chaos.checkers import (CHECKERS, FAIL, NOT_APPLICABLE, PASS, SAFETY_CHECKS, UNKNOWN, RunView, Verdict, Window,
+                            check_converged,
                             check_every_learner_contributes_at_end, check_faults_applied, check_final_loss,
                             check_finite, check_monotonic_versions, check_no_double_apply, check_no_lost_acks,
-                            check_progress, check_self_heal, run_checkers, verdict_document)
+                            check_progress, check_self_heal, not_passed, run_checkers, verdict_document)
 
 T0 = 1000.0  # the fake monotonic clock at the history's `begin`
 WALL0 = 1.7e9
@@ -648,11 +649,26 @@ def test_no_lost_acks_ignores_pushes_that_were_not_acknowledged():
     assert check_no_lost_acks(view(events)).status == PASS
 
 
-def test_no_lost_acks_is_unknown_without_a_decoupled_final_state():
-    """No final state (the syncer did not stop cleanly), or the sync-mode one with no ledger: unknown."""
+def test_no_lost_acks_is_unknown_without_a_final_state_or_a_state_dir():
+    """The syncer did not stop cleanly and there are no state files to read: unknown."""
     events = training(10.0)
     assert check_no_lost_acks(view(events)).status == UNKNOWN
-    assert check_no_lost_acks(view(events + [final_state(11.0, None)])).status == UNKNOWN
+    assert check_no_lost_acks(RunView(events, history_for([]), state_dir=None)).status == UNKNOWN
+
+
+def test_in_sync_mode_only_finite_is_required_and_the_rest_say_why_not():
+    """Sync mode acknowledges no push, merges none and has no versions: those checks have
+    nothing to judge there, say so, and are not required; `finite` is."""
+    events = [ev(-1.0, "process_start", role="syncer", mode="sync")]
+    events += [ev(float(t), "sync_step", round=t, contributors=[1, 2], tokens=1024, seconds=0.01) for t in range(20)]
+    events += [inner_step(float(t) - 0.5, i, t) for t in range(20) for i in (1, 2)] + [final_state(21.0, None)]
+    verdicts = {v.name: v for v in run_checkers(view(events))}
+    for name in ("no_lost_acks", "no_double_apply", "monotonic_versions"):
+        assert verdicts[name].status == NOT_APPLICABLE and "not applicable in sync mode" in verdicts[name].detail
+    assert verdicts["finite"].status == PASS
+    document = verdict_document(list(verdicts.values()))
+    assert document["required"] == ["finite"]
+    assert document["not_applicable"] == ["no_lost_acks", "no_double_apply", "monotonic_versions"]
 
 
 def test_no_lost_acks_counts_a_duplicate_answer_as_an_acknowledgement():
@@ -1045,10 +1061,12 @@ def test_run_checkers_passes_options_to_the_named_checker():
 
 
 def test_verdict_document_passes_with_unknowns_but_not_with_a_failure():
-    """Unknown is listed but does not fail the run; any failure does. The document is plain JSON."""
+    """Unknown in a check that is not required is listed but does not fail the run; any
+    failure does. The document is plain JSON."""
     verdicts = [Verdict("a", PASS, "ok"), Verdict("b", UNKNOWN, "?", {"x": 1})]
     document = verdict_document(verdicts)
-    assert document == {"passed": True, "failed": [], "unknown": ["b"],
+    assert document == {"passed": True, "failed": [], "unknown": ["b"], "required": [], "undecided": [],
+                        "not_applicable": [],
                         "checks": [{"name": "a", "status": "pass", "detail": "ok", "evidence": {}},
                                    {"name": "b", "status": "unknown", "detail": "?", "evidence": {"x": 1}}]}
     document = verdict_document(verdicts + [Verdict("c", FAIL, "bad")])
@@ -1061,3 +1079,116 @@ def test_verdict_document_of_a_real_run_serialises_to_json():
     """Every checker's evidence survives json.dumps, as runner.evaluate_run writes verdict.json."""
     document = verdict_document(run_checkers(healthy_chaos_run()))
     assert json.loads(json.dumps(document))["passed"] is True
+
+
+# --------------------------------------------------------------------------- required safety checks
+
+
+def killed_at_the_end() -> list[dict]:
+    """healthy_chaos_run's events as a syncer SIGKILLed at the very end leaves them: no final state."""
+    return [e for e in healthy_chaos_run().events if e["kind"] != "final_state"]
+
+
+@pytest.mark.parametrize("name", SAFETY_CHECKS)
+def test_a_required_safety_check_left_unknown_fails_the_run(name: str):
+    """Unknown is not pass for safety: the verdict fails and says which required check was undecided."""
+    verdicts = [Verdict(n, UNKNOWN if n == name else PASS, "") for n in CHECKERS]
+    document = verdict_document(verdicts)
+    assert document["passed"] is False and document["failed"] == []
+    assert document["required"] == list(SAFETY_CHECKS) and document["undecided"] == [name]
+    assert not_passed(document) == [f"{name} (unknown, required)"]
+
+
+def test_a_syncer_killed_at_the_end_without_its_state_fails_the_run():
+    """The run used to pass with no_lost_acks unknown: nothing showed an ack was kept."""
+    verdicts = run_checkers(view(killed_at_the_end(), healthy_chaos_run().history))
+    by_name = {v.name: v.status for v in verdicts}
+    assert by_name["no_lost_acks"] == UNKNOWN
+    assert {n: s for n, s in by_name.items() if n != "no_lost_acks"} == {n: PASS for n in CHECKERS if n != "no_lost_acks"}
+    assert verdict_document(verdicts)["passed"] is False
+
+
+def write_state(root, applied: dict[str, list[str]], pending: dict[str, str] | None = None):
+    """A syncer state dir as trainer/state.py writes it: each fragment's file with its ledger,
+    and pending pushes (push id -> fragment). The checker reads them as plain files."""
+    import torch
+
+    from trainer.state import StateDir, save_tensors
+    store, w = StateDir(root), torch.zeros(2)
+    for frag, ids in applied.items():
+        store.write_fragment(int(frag), {"w": w}, {"w": w.clone()}, len(ids), list(ids))
+    for ident, frag in (pending or {}).items():
+        learner, incarnation, seq = (int(x) for x in ident.split(":"))
+        save_tensors(store.pending_path(int(frag), ident), {"w": w},
+                     {"fragment": int(frag), "learner": learner, "incarnation": incarnation, "seq": seq,
+                      "tokens": 2048, "steps": 4, "base_version": 0, "encoding": "fp32"})
+    return root
+
+
+def late_acks(events: list[dict]) -> list[dict]:
+    """Two pushes acknowledged after the last merge: durable only in pending/."""
+    return events + [push(80.5, 2, 900, fragment=0), push(80.6, 3, 900, fragment=1)]
+
+
+def test_a_syncer_sigkilled_at_the_end_is_judged_from_its_state_dir(tmp_path):
+    """Merged pushes are in the fragments' ledgers, the last acknowledged ones in pending/:
+    all accounted for, and the verdict says a restart would merge the pending ones."""
+    events = late_acks(killed_at_the_end())
+    state = write_state(tmp_path / "state", ledger(events), {"2:1:900": "0", "3:1:900": "1"})
+    run = RunView(view(events).events, healthy_chaos_run().history, state_dir=state)
+    verdict = check_no_lost_acks(run)
+    assert verdict.status == PASS, verdict.detail
+    assert "2 of them are still pending durably, which a restart would merge" in verdict.detail
+    assert "the state dir" in verdict.evidence["source"]
+    assert verdict.evidence["pending_durably"] == ["2:1:900", "3:1:900"]
+    assert verdict_document(run_checkers(run))["passed"] is True
+
+
+def test_an_acknowledged_push_missing_from_the_state_dir_fails(tmp_path):
+    events = late_acks(killed_at_the_end())
+    state = write_state(tmp_path / "state", ledger(events), {"2:1:900": "0"})
+    verdict = check_no_lost_acks(RunView(view(events).events, [], state_dir=state))
+    assert verdict.status == FAIL and verdict.evidence["lost"] == ["3:1:900"]
+    assert "the state dir" in verdict.detail
+
+
+def test_a_stale_final_state_of_an_earlier_incarnation_is_not_the_last_word(tmp_path):
+    """The syncer stopped cleanly once, was started again and SIGKILLed at the end: the
+    acks after its restart are judged from the state dir, not the old final state."""
+    events = killed_at_the_end()
+    early = [e for e in events if e["t"] <= T0 + 40.0]
+    events += [final_state(40.05, ledger(early)), ev(40.1, "process_start", role="syncer", mode="decoupled")]
+    assert check_no_lost_acks(view(events)).status == UNKNOWN
+    state = write_state(tmp_path / "state", ledger(events))
+    assert check_no_lost_acks(RunView(view(events).events, [], state_dir=state)).status == PASS
+
+
+def quarantined(t: float, ident: str, reason: str = "nonfinite_merge") -> dict:
+    """The syncer's `push_quarantined` (trainer/quarantine.py): an accepted push it cannot merge."""
+    return ev(t, "push_quarantined", id=ident, fragment=0, learner=int(ident.split(":")[0].split("-")[0]),
+              reason=reason, detail="merging it would make the global parameters non-finite", acknowledged=True)
+
+
+def test_an_acknowledged_push_that_was_quarantined_was_never_applied():
+    events = [push(1.0, 1, 5), quarantined(2.0, "1:1:5"), final_state(4.0, {"0": []})]
+    verdict = check_no_lost_acks(view(events))
+    assert verdict.status == FAIL
+    assert "1:1:5 (nonfinite_merge)" in verdict.detail and verdict.evidence["quarantined"] == {"1:1:5": "nonfinite_merge"}
+
+
+def test_a_pending_file_quarantined_at_recovery_is_named_by_its_file_name():
+    """Recovery quarantines an unreadable pending file under its file name's id, 1-1-5."""
+    events = [push(1.0, 1, 5), quarantined(2.0, "1-1-5", reason="bad_pending"), final_state(4.0, {"0": []})]
+    verdict = check_no_lost_acks(view(events))
+    assert verdict.status == FAIL and "1:1:5 (bad_pending)" in verdict.detail
+
+
+def test_a_quarantine_the_syncer_was_killed_before_reporting_is_read_from_its_note(tmp_path):
+    """The note and the move are durable before the event: a SIGKILL in between leaves no event."""
+    events = [push(1.0, 1, 5), push(1.5, 2, 1), merge(2.0, 0, 1, [contributor(2, 1)])]
+    state = write_state(tmp_path / "state", {"0": ["2:1:1"]})
+    (state / "quarantine").mkdir()
+    (state / "quarantine" / "0-1-1-5.json").write_text(json.dumps(
+        {"id": "1:1:5", "fragment": 0, "learner": 1, "reason": "merge_error", "detail": "x", "acknowledged": True}))
+    verdict = check_no_lost_acks(RunView(view(events).events, [], state_dir=state))
+    assert verdict.status == FAIL and "1:1:5 (merge_error)" in verdict.detail

@@ -136,3 +136,18 @@ def test_validate_and_run_agree_on_a_schedule_without_learners(tmp_path: Path) -
     assert validate.returncode == 2 and "(learners: 1..3)" in validate.stderr
     assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run").exists()
+
+
+def test_the_printed_verdict_names_the_required_checks(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    """`chaos run` prints which checks had to pass, and fails on a required one left unknown."""
+    from chaos.__main__ import print_verdicts
+    from chaos.checkers import CHECKERS, PASS, UNKNOWN, Verdict, verdict_document
+    from chaos.runner import RunResult
+
+    verdicts = [Verdict(n, UNKNOWN if n == "no_lost_acks" else PASS, "d") for n in CHECKERS]
+    document = verdict_document(verdicts)
+    print_verdicts(RunResult(tmp_path, verdicts, document, {}))
+    out = capsys.readouterr().out
+    assert "verdict: FAIL" in out
+    assert ("required to pass: no_lost_acks, no_double_apply, monotonic_versions, finite; "
+            "unknown, which fails the run: no_lost_acks") in out

@@ -266,3 +266,26 @@ def test_rolling_mean_ignores_non_finite_values() -> None:
 
     out = rolling_mean(np.array([1.0, 3.0, np.nan, 5.0]), 2)
     assert out.tolist() == [1.0, 2.0, 3.0, 5.0]
+
+
+def test_the_report_lists_the_required_checks_and_an_undecided_one(tmp_path: Path) -> None:
+    """A verdict whose no_lost_acks was unknown failed for it: the report says which checks
+    were required and that the unknown one failed the run."""
+    run_dir = make_chaos_run(tmp_path / "run")
+    verdict = json.loads((run_dir / "verdict.json").read_text())
+    verdict.update(passed=False, failed=[], required=["no_lost_acks", "no_double_apply", "monotonic_versions",
+                                                      "finite"], undecided=["no_lost_acks"], not_applicable=[])
+    verdict["checks"] = [{"name": "no_lost_acks", "status": "unknown", "detail": "no final state", "evidence": {}},
+                         {"name": "progress", "status": "pass", "detail": "merges kept coming", "evidence": {}}]
+    (run_dir / "verdict.json").write_text(json.dumps(verdict))
+    _, html_path = write_report(run_dir)
+    text = html_path.read_text()
+    assert "required to pass: no_lost_acks, no_double_apply, monotonic_versions, finite" in text
+    assert "unknown, which fails the run: no_lost_acks" in text
+    rows = re.findall(r"<tr><td>(\w+)</td><td class=\"status\"[^>]*>(\S+)</td><td>(\w*)</td>", text)
+    assert ("no_lost_acks", "unknown", "yes") in rows and ("progress", "pass", "") in rows
+
+
+def test_a_verdict_from_before_required_checks_still_reports(tmp_path: Path) -> None:
+    _, html_path = write_report(make_chaos_run(tmp_path / "run"))
+    assert "required checks: not recorded" in html_path.read_text()
