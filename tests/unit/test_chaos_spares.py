@@ -107,7 +107,7 @@ def test_a_managed_process_falls_back_to_a_cold_start(tmp_path: Path, probe_env:
         assert _wait_exit(proc.popen, "the cold-started probe") == 0
         assert json.loads((tmp_path / "probe.json").read_text())["marker"] == "from-the-pool"
     finally:
-        registry.path.unlink(missing_ok=True)
+        registry.close()
 
 
 def test_a_dead_spare_is_skipped_and_replaced(tmp_path: Path, probe_env: dict[str, str]) -> None:
@@ -159,7 +159,7 @@ def test_start_spares_records_each_spare_and_a_role_replaces_its_entry(tmp_path:
         finally:
             pool.close()
     finally:
-        registry.path.unlink(missing_ok=True)
+        registry.close()
 
 
 def test_the_spare_script_refuses_a_bad_command_line(tmp_path: Path) -> None:
