@@ -565,7 +565,8 @@ class Syncer:
         want_params = bool(h.get("want_params", True))
         with self.cond:
             joined = self.members.join(learner, nonce, conn_id, time.monotonic())
-            self._write_meta()  # incarnation numbers are never reused, even after a crash
+            if not joined.reconnect:  # a new incarnation: its number is never reused, even after a crash
+                self._write_meta()    # (a reconnect changes nothing durable: no fsync per reconnect)
             m = self.members.members[learner]
             header = {"learner": learner, "incarnation": joined.incarnation, "rejoin": joined.rejoin,
                       "position": m.position, "config": self.train.to_dict(),

@@ -193,6 +193,8 @@ class Session:
 
 def _check_hello(data: bytes, who: str) -> bytes:
     magic, version, random = HANDSHAKE.unpack(data)
+    if data[5:8] != b"\0\0\0":
+        raise FrameFault(Reason.BAD_MAGIC, f"{who} handshake's reserved bytes are {data[5:8]!r}, must be zero")
     if magic != MAGIC:
         raise FrameFault(Reason.BAD_MAGIC, f"{who} handshake starts with {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
@@ -250,6 +252,8 @@ def read_frame(sock: socket.socket, session: Session, deadline: float, max_paylo
     """Read and verify one frame. Raises ProtocolError (refuse), PeerClosed or DeadlineExceeded."""
     prefix = _recv_exact(sock, PREFIX.size, deadline, at_boundary=True)
     magic, version, head_len, payload_len = PREFIX.unpack(prefix)
+    if prefix[5:8] != b"\0\0\0":
+        raise FrameFault(Reason.BAD_MAGIC, f"the frame's reserved bytes are {prefix[5:8]!r}, must be zero")
     if magic != MAGIC:
         raise FrameFault(Reason.BAD_MAGIC, f"frame starts with {magic!r}, expected {MAGIC!r}")
     if version != VERSION:
