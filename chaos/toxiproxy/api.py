@@ -30,8 +30,6 @@ from .errors import (
     ListenError,
     internal,
 )
-from .proxy import Proxy
-
 log = logging.getLogger(__name__)
 
 VERSION = "2.12.0"
@@ -121,7 +119,7 @@ class Api:
         for required in ("name", "upstream"):
             if not fields.get(required):
                 raise ERR_MISSING_FIELD.joined(required)
-        proxy = Proxy(fields["name"], fields.get("listen", ""), fields["upstream"])
+        proxy = self.proxies.new_proxy(fields["name"], fields.get("listen", ""), fields["upstream"])
         self.proxies.add(proxy, fields.get("enabled", True))
         return json_response(201, proxy.to_json())
 
@@ -198,7 +196,8 @@ def clean_path(path: str) -> str:
 
 
 def _request_id() -> str:
-    return "".join(secrets.choice(_XID_ALPHABET) for _ in range(20))
+    """20 characters of xid's alphabet from one urandom call (32 divides 256, so uniform)."""
+    return "".join(_XID_ALPHABET[byte & 31] for byte in secrets.token_bytes(20))
 
 
 class Handler(BaseHTTPRequestHandler):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import jsonio
 from .errors import (
@@ -25,6 +25,8 @@ from .proxy import Proxy
 
 PROXY_FIELDS = {"name": "string", "listen": "string", "upstream": "string", "enabled": "bool"}
 
+ProxyFactory = Callable[[str, str, str], Proxy]
+
 
 class PopulateError(ApiError):
     """A populate failure, carrying the proxies applied before it (Go returns them too)."""
@@ -37,9 +39,12 @@ class PopulateError(ApiError):
 class ProxyCollection:
     """Thread-safe registry of proxies."""
 
-    def __init__(self) -> None:
+    def __init__(self, proxy_factory: ProxyFactory = Proxy) -> None:
+        """``proxy_factory(name, listen, upstream)`` makes every proxy; a fuzz harness
+        passes one that binds nothing, since its inputs choose the listen addresses."""
         self._lock = threading.RLock()
         self._proxies: dict[str, Proxy] = {}
+        self.new_proxy = proxy_factory
 
     def proxies(self) -> dict[str, Proxy]:
         with self._lock:
@@ -119,7 +124,7 @@ class ProxyCollection:
                     raise PopulateError(ERR_MISSING_FIELD.joined(f"{field} at proxy {index}"), [])
         applied: list[Proxy] = []
         for item in items:
-            proxy = Proxy(item["name"], item.get("listen", ""), item["upstream"])
+            proxy = self.new_proxy(item["name"], item.get("listen", ""), item["upstream"])
             try:
                 applied.append(self.add_or_replace(proxy, item.get("enabled", True)))
             except ApiError as exc:
