@@ -350,6 +350,44 @@ def run(frames: int, workers: int = 4, seed: int = 0, signed_share: float = 0.8,
             "workdir": str(workdir)}
 
 
+def flood(idle: int = 300, claiming: int = 16, workdir: Path | None = None) -> dict:
+    """The issue's live admission check: `idle` unauthenticated connections held open (2
+    bytes each), `claiming` more whose first frame claims the largest payload; then how
+    long a legitimate handshake and HELLO take, and how much the syncer's RSS grew."""
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="islands-flood-"))
+    proc, address, secret = start_syncer(workdir, learners=2)
+    held: list[socket.socket] = []
+    try:
+        before = rss_mb(proc.pid)
+        for _ in range(idle):
+            sock = socket.create_connection(address, timeout=TIMEOUT)
+            sock.sendall(b"IS")
+            held.append(sock)
+        for _ in range(claiming):
+            sock = socket.create_connection(address, timeout=TIMEOUT)
+            sock.sendall(_opening(random.Random()) + wire.PREFIX.pack(wire.MAGIC, wire.VERSION, 16, 64 << 20))
+            held.append(sock)
+        peak = max(before, rss_mb(proc.pid))
+        started = time.monotonic()
+        with socket.create_connection(address, timeout=TIMEOUT) as sock:
+            channel = wire.Channel.connect(sock, secret, time.monotonic() + TIMEOUT)
+            welcome = channel.request(wire.message(wire.HELLO, {"learner": 1, "nonce": "legit", "mode": "decoupled",
+                                                                "want_params": True}), time.monotonic() + TIMEOUT)
+        join_seconds = time.monotonic() - started
+        peak = max(peak, rss_mb(proc.pid))
+    finally:
+        for sock in held:
+            sock.close()
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    counters = final_counters(workdir)
+    return {"idle": idle, "claiming": claiming, "joined": welcome.type == wire.WELCOME,
+            "join_seconds": round(join_seconds, 3), "rss_before_mb": round(before, 1),
+            "rss_growth_mb": round(peak - before, 1),
+            "evicted": counters.get("refused_unauthenticated_limit", 0),
+            "oversized": counters.get("rejected_oversized", 0)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fuzz.live", description=__doc__.split("\n\n")[0])
     p.add_argument("--frames", type=int, default=100_000)

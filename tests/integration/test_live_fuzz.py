@@ -23,3 +23,13 @@ def test_a_syncer_under_live_fuzzing_answers_or_counts_every_frame(tmp_path: Pat
     assert result["rss_growth_mb"] < 256, f"the syncer's memory grew by {result['rss_growth_mb']} MB: {brief}"
     assert result["learner_pushes_merged"] > 0, f"the legitimate learner's pushes were not merged: {brief}"
     assert result["signed"] > FRAMES // 2 and result["unsigned"] > FRAMES // 10, brief
+
+
+def test_a_flood_of_idle_and_greedy_connections_keeps_no_learner_out(tmp_path: Path) -> None:
+    """300 idle unauthenticated connections held open and 16 claiming 64 MiB payloads, with
+    default settings: a learner still joins (within the client's 10 s deadline), and the
+    syncer's memory barely moves."""
+    result = live.flood(idle=300, claiming=16, workdir=tmp_path)
+    assert result["joined"], result
+    assert result["rss_growth_mb"] < 256, result
+    assert result["oversized"] == 16 and result["evicted"] >= 300 - 64, result
