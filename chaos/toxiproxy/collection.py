@@ -54,14 +54,14 @@ class ProxyCollection:
         with self._lock:
             proxy = self._proxies.get(name)
         if proxy is None:
-            raise ERR_PROXY_NOT_FOUND
+            raise ERR_PROXY_NOT_FOUND.new()
         return proxy
 
     def add(self, proxy: Proxy, start: bool) -> None:
         """Create; 409 if the name is taken, 500 if the listener cannot bind."""
         with self._lock:
             if proxy.name in self._proxies:
-                raise ERR_PROXY_ALREADY_EXISTS
+                raise ERR_PROXY_ALREADY_EXISTS.new()
             if start:
                 try:
                     proxy.start()
@@ -89,7 +89,7 @@ class ProxyCollection:
         with self._lock:
             proxy = self._proxies.pop(name, None)
         if proxy is None:
-            raise ERR_PROXY_NOT_FOUND
+            raise ERR_PROXY_NOT_FOUND.new()
         proxy.stop()
 
     def clear(self, timeout: float = 1.0) -> None:

@@ -1,7 +1,8 @@
 """API errors with Toxiproxy's exact messages and status codes.
 
 Clients match on these strings and codes, so they live in one place and are
-never spelled inline elsewhere.
+never spelled inline elsewhere. The ERR_* objects are templates: raise
+``ERR_X.new()`` or ``ERR_X.joined(detail)``, never ``ERR_X`` itself.
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ class ApiError(Exception):
         super().__init__(message)
         self.message = message
         self.status = status
+
+    def new(self) -> "ApiError":
+        """A fresh instance to raise. Raising the shared ERR_* object itself would chain
+        every raise's traceback onto it, keeping each request's frames (and its
+        handler's buffers) alive for the life of the server."""
+        return ApiError(self.message, self.status)
 
     def joined(self, detail: str) -> "ApiError":
         """Go's ``joinError``: prefix this error's message to a detail."""

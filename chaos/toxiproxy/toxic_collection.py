@@ -85,7 +85,7 @@ class ToxicCollection:
         with self._lock:
             wrapper = self._find(name)
             if wrapper is None:
-                raise ERR_TOXIC_NOT_FOUND
+                raise ERR_TOXIC_NOT_FOUND.new()
             return wrapper.to_json()
 
     def snapshot(self, direction: str) -> tuple[int, list[ToxicWrapper]]:
@@ -120,14 +120,14 @@ class ToxicCollection:
         type_name = fields.get("type", "")
         direction = stream.lower()
         if direction not in DIRECTIONS:
-            raise ERR_INVALID_STREAM
+            raise ERR_INVALID_STREAM.new()
         name = fields.get("name") or f"{type_name}_{stream}"
         toxic = new_toxic(type_name)
         if toxic is None:
-            raise ERR_INVALID_TOXIC_TYPE
+            raise ERR_INVALID_TOXIC_TYPE.new()
         with self._lock:
             if self._find(name) is not None:
-                raise ERR_TOXIC_ALREADY_EXISTS
+                raise ERR_TOXIC_ALREADY_EXISTS.new()
             try:
                 toxic.apply(toxic.merged(raw_attrs))
             except jsonio.DecodeError as exc:
@@ -144,7 +144,7 @@ class ToxicCollection:
         with self._lock:
             wrapper = self._find(name)
             if wrapper is None:
-                raise ERR_TOXIC_NOT_FOUND
+                raise ERR_TOXIC_NOT_FOUND.new()
             try:
                 value = jsonio.decode_first(body)
                 fields = jsonio.decode_struct(value, _UPDATE_FIELDS, "", "struct")
@@ -167,7 +167,7 @@ class ToxicCollection:
         with self._lock:
             wrapper = self._find(name)
             if wrapper is None:
-                raise ERR_TOXIC_NOT_FOUND
+                raise ERR_TOXIC_NOT_FOUND.new()
             self._chains[wrapper.direction].remove(wrapper)
             version = self._bump()
         self._propagate(version, {wrapper.direction})

@@ -483,3 +483,15 @@ def test_fuzz_target_survives_mutations_quickly(fuzz_target):
         fuzz_target.test_one_input(bytes(data))
     rate = rounds / max(time.thread_time() - start, 1e-9)
     assert rate > 200, f"{rate:.0f} inputs/s"
+
+
+def test_shared_api_errors_keep_no_traceback(api):
+    # Raising a shared ERR_* object chained every raise's traceback onto it: each
+    # 404 kept its request's frames alive for the life of the server.
+    from chaos.toxiproxy import errors
+
+    for _ in range(3):
+        assert api("GET", "/proxies/ghost").status_code == 404
+        assert api("DELETE", "/proxies/ghost/toxics/t").status_code == 404
+    shared = [value for name, value in vars(errors).items() if name.startswith("ERR_")]
+    assert shared and all(err.__traceback__ is None for err in shared)
