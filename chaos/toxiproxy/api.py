@@ -30,6 +30,7 @@ from .errors import (
     ListenError,
     internal,
 )
+
 log = logging.getLogger(__name__)
 
 VERSION = "2.12.0"

@@ -51,7 +51,10 @@ def exchange(srv, data: bytes) -> bytes:
         sock.sendall(data)
         sock.shutdown(socket.SHUT_WR)
         while len(reply) < MAX_REPLY and time.monotonic() < deadline:
-            chunk = sock.recv(65536)
+            try:
+                chunk = sock.recv(65536)
+            except ConnectionResetError:  # refused with our bytes unread: the reply came first
+                break
             if not chunk:
                 break
             reply += chunk
@@ -177,7 +180,7 @@ def test_malformed_chunk_size_is_400(srv, size_line):
 
 @pytest.mark.parametrize("body", [
     b"5\r\nhelloXX0\r\n\r\n",                        # chunk data not followed by CRLF
-    b"5\r\nhello\r\n0\r\n" + b"X-T: v\r\n" * 1000,   # trailer never ends within 4 KiB
+    b"5\r\nhello\r\n0\r\n" + b"X-T: v\r\n" * 600,  # trailer never ends within 4 KiB
     b"1;" + b"e" * 5000 + b"\r\nx\r\n",              # one chunk line over Go's 4 KiB limit
     b"".join(b"1;" + b"e" * 4000 + b"\r\nx\r\n" for _ in range(5)),  # Go: too much non-data
 ])
