@@ -109,7 +109,9 @@ def test_a_crashed_run_is_healed_and_cleaned_by_the_next(tmp_path: Path) -> None
     first.pause("learner-1")
     first.toxiproxy.add_toxic("learner-2", name="latency_downstream", type="latency", attributes={"latency": 500})
     first.disconnect("learner-2")
-    # ...and the controller is gone: no stop(), no heal.
+    # ...and the controller is gone: no stop(), no heal. Its process would take its hold on the
+    # project with it (an flock); this one lives on, so it lets go by hand.
+    first.release_project()
 
     second = ComposeCluster(tmp_path / "second", learners=4, trainer_args=list(FAST_TRAINER_ARGS))
     try:
