@@ -414,14 +414,18 @@ class Syncer:
 
     def _drop_connection(self, sock: socket.socket, reason: Reason, peer: tuple, detail: str) -> None:
         """Close a connection the syncer will not serve, counted and reported (throttled)."""
-        with self.cond:
-            self.counters[f"refused_{reason}"] += 1
-            self.counters["refused_connections"] += 1
         try:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        self.report("connection_refused", reason, detail=detail, peer=f"{peer[0]}:{peer[1]}")
+        self._refused_connection(reason, detail, peer)
+
+    def _refused_connection(self, reason: Reason, detail: str, peer: tuple, learner: int | None = None) -> None:
+        """Count an admission refusal or timeout, and report it (throttled)."""
+        with self.cond:
+            self.counters[f"refused_{reason}"] += 1
+            self.counters["refused_connections"] += 1
+        self.report("connection_refused", reason, detail=detail, from_learner=learner, peer=f"{peer[0]}:{peer[1]}")
 
     def _read_hello(self, channel: wire.Channel, conn_id: int, deadline: float) -> wire.Frame:
         """A verified HELLO before `deadline`; nothing larger than HELLO_MAX_HEADER is read
@@ -481,9 +485,7 @@ class Syncer:
             reason = f"refused: {exc.reason}"
         except wire.DeadlineExceeded as exc:
             reason = f"{Reason.IDLE_TIMEOUT}: {exc}"
-            self.counters[f"refused_{Reason.IDLE_TIMEOUT}"] += 1
-            self.report("connection_refused", Reason.IDLE_TIMEOUT, detail=str(exc), from_learner=learner,
-                        peer=f"{peer[0]}:{peer[1]}")
+            self._refused_connection(Reason.IDLE_TIMEOUT, str(exc), peer, learner)
         except OSError as exc:
             reason = f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # noqa: BLE001 - a bug of ours must not kill the thread silently
@@ -503,10 +505,7 @@ class Syncer:
     def _refuse(self, channel: wire.Channel | None, exc: ProtocolError, learner: int | None, peer: tuple) -> None:
         """Count and report a refusal, and answer it with ERROR when a session exists."""
         if exc.reason in ADMISSION_REASONS:
-            with self.cond:
-                self.counters[f"refused_{exc.reason}"] += 1
-                self.counters["refused_connections"] += 1
-            self.report("connection_refused", exc.reason, detail=exc.detail, peer=f"{peer[0]}:{peer[1]}")
+            self._refused_connection(exc.reason, exc.detail, peer, learner)
         else:
             self._reject(exc.reason, exc.detail, learner, peer)
         if channel is None or exc.reason == Reason.HANDSHAKE_TIMEOUT:
@@ -552,7 +551,7 @@ class Syncer:
         return [f.version for f in self.frags]
 
     # ----------------------------------------------------------------- handlers
-    def _on_hello(self, frame: wire.Frame, conn_id: int) -> bytes:
+    def _on_hello(self, frame: wire.Frame, conn_id: int) -> wire.Message:
         h = frame.header
         learner = wire.header_int(h, "learner")
         nonce = wire.header_str(h, "nonce")
@@ -583,21 +582,21 @@ class Syncer:
                          reconnect=joined.reconnect, position=m.position)
         return self._reply(wire.WELCOME, header, tensors)
 
-    def _on_heartbeat(self, frame: wire.Frame, learner: int) -> bytes:
+    def _on_heartbeat(self, frame: wire.Frame, learner: int) -> wire.Message:
         with self.cond:
             header = {"versions": self._versions(), "alive": len(self.members.alive())}
             if self.sync is not None:
                 header["round"] = self.sync.round
         return self._reply(wire.BEAT, header)
 
-    def _on_bye(self, frame: wire.Frame, learner: int) -> bytes:
+    def _on_bye(self, frame: wire.Frame, learner: int) -> wire.Message:
         with self.cond:
             m = self.members.members.get(learner)
             if m is not None:
                 self.members.finish(m)
         return self._reply(FrameType.ACK, {"status": Status.BYE})
 
-    def _on_pull(self, frame: wire.Frame, learner: int) -> bytes:
+    def _on_pull(self, frame: wire.Frame, learner: int) -> wire.Message:
         if self.sync is not None:
             raise ProtocolError(Reason.PROTOCOL, "PULL is for decoupled mode")
         index = wire.header_int(frame.header, "fragment")
