@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -116,6 +117,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .runspec import RunSpec
     from .metrics import summarize
     from .events import read_events
+    from .signals import stop_on_signals
 
     train = train_config(args, parser, args.learners)
     syncer_config(args, parser, "unused")  # validate syncer flags before starting anything
@@ -134,19 +136,24 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
           f"run dir {out}", flush=True)
     tail = ProgressTail(out, args.mode)
     started = elapsed = 0.0
+    # ^C and SIGTERM both stop the cluster cleanly and still summarise. Installed by hand:
+    # a run started in the background by a script inherits SIGINT ignored, and SIGTERM's
+    # default would end the launcher alone, leaving its syncer and learners (each in a
+    # session of its own) running.
+    interrupted = threading.Event()
+    stop_on_signals(interrupted)
     try:
         cluster.start()
         started = time.monotonic()
         with tqdm(total=int(args.duration), bar_format=BAR_FORMAT, disable=args.quiet, dynamic_ncols=True) as bar:
-            while (elapsed := time.monotonic() - started) < args.duration:
-                time.sleep(0.5)
+            while (elapsed := time.monotonic() - started) < args.duration and not interrupted.wait(0.5):
                 if args.supervise:
                     cluster.supervise(args.restart_delay)
                 tail.poll()
                 bar.n = min(int(elapsed), int(args.duration))
                 bar.set_postfix(tail.postfix(), refresh=True)
-    except KeyboardInterrupt:
-        print("interrupted: stopping the cluster", file=sys.stderr)
+        if interrupted.is_set():
+            print("interrupted: stopping the cluster", file=sys.stderr)
     except (RuntimeError, TimeoutError) as exc:
         cluster.kill()
         print(f"run: error: {exc}", file=sys.stderr)
