@@ -191,15 +191,19 @@ class Session:
         return self._mac(self._in, self.received)
 
 
-def _check_hello(data: bytes, who: str) -> bytes:
-    magic, version, random = HANDSHAKE.unpack(data)
+def _check_lead(data: bytes, what: str) -> None:
+    """The 8 bytes every opening and frame starts with: magic, version, 3 reserved zeros."""
+    if data[:4] != MAGIC:
+        raise FrameFault(Reason.BAD_MAGIC, f"{what} starts with {data[:4]!r}, expected {MAGIC!r}")
     if data[5:8] != b"\0\0\0":
-        raise FrameFault(Reason.BAD_MAGIC, f"{who} handshake's reserved bytes are {data[5:8]!r}, must be zero")
-    if magic != MAGIC:
-        raise FrameFault(Reason.BAD_MAGIC, f"{who} handshake starts with {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise FrameFault(Reason.BAD_VERSION, f"{who} speaks wire version {version}, expected {VERSION}")
-    return random
+        raise FrameFault(Reason.BAD_MAGIC, f"{what}'s reserved bytes are {data[5:8]!r}, must be zero")
+    if data[4] != VERSION:
+        raise FrameFault(Reason.BAD_VERSION, f"{what} speaks wire version {data[4]}, expected {VERSION}")
+
+
+def _check_hello(data: bytes, who: str) -> bytes:
+    _check_lead(data, f"the {who}'s handshake")
+    return HANDSHAKE.unpack(data)[2]
 
 
 def client_handshake(sock: socket.socket, secret: bytes, deadline: float) -> Session:
@@ -251,13 +255,8 @@ def read_frame(sock: socket.socket, session: Session, deadline: float, max_paylo
                max_header: int = MAX_HEADER_BYTES) -> Frame:
     """Read and verify one frame. Raises ProtocolError (refuse), PeerClosed or DeadlineExceeded."""
     prefix = _recv_exact(sock, PREFIX.size, deadline, at_boundary=True)
-    magic, version, head_len, payload_len = PREFIX.unpack(prefix)
-    if prefix[5:8] != b"\0\0\0":
-        raise FrameFault(Reason.BAD_MAGIC, f"the frame's reserved bytes are {prefix[5:8]!r}, must be zero")
-    if magic != MAGIC:
-        raise FrameFault(Reason.BAD_MAGIC, f"frame starts with {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise FrameFault(Reason.BAD_VERSION, f"frame version {version}, expected {VERSION}")
+    _check_lead(prefix, "the frame")
+    _, _, head_len, payload_len = PREFIX.unpack(prefix)
     if head_len > max_header:
         raise FrameFault(Reason.OVERSIZED, f"header of {head_len} bytes exceeds the {max_header} cap")
     if payload_len > max_payload:
