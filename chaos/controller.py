@@ -3,8 +3,8 @@
 It records every action as actually done (planned time, real time, what was done, any
 error) into a JSONL history, and it always heals: heal-all runs at start (to clean up
 after a crashed earlier run), at the normal end, on an exception, and on SIGINT/SIGTERM.
-Like Jepsen's nemesis it only injects; deciding whether the system coped is the
-checkers' job.
+Each fault kind's nemesis (chaos/nemesis/) does the injecting; like Jepsen's nemesis it
+only injects, and deciding whether the system coped is the checkers' job.
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from faults import Event, Kill, LinkFault, Partition, Pause, Schedule
+from faults import Event, Schedule
 from trainer.signals import set_on_signal
 
 from .backends.base import Cluster
-from .client import NotFound
+from .nemesis import nemesis_for
 
 HISTORY_FILE = "history.jsonl"
 # When the final heal had something to undo (a fault still in force at the end, e.g. a
@@ -93,67 +93,11 @@ class Controller:
             return []
 
     # ----------------------------------------------------------- actions
-    def _links(self, fault: Any) -> list[str]:
-        targets = fault.targets if isinstance(fault, Partition) else (fault.target,)
-        return [self.cluster.link_proxy(t) for t in targets]
-
-    def _start(self, fault: Any) -> str:
-        if isinstance(fault, Kill):
-            self.cluster.kill(fault.target)
-            return f"SIGKILL {fault.target}"
-        if isinstance(fault, Pause):
-            self.cluster.pause(fault.target)
-            return f"SIGSTOP {fault.target}"
-        if isinstance(fault, Partition) and fault.mode == "refuse":
-            for proxy in self._links(fault):
-                self.cluster.toxiproxy.disable(proxy)
-            return f"disabled proxies {', '.join(self._links(fault))}"
-        if isinstance(fault, Partition) and fault.mode == "network":
-            for target in fault.targets:
-                self.cluster.disconnect(target)
-            return f"disconnected {', '.join(fault.targets)} from their networks"
-        if isinstance(fault, (Partition, LinkFault)):
-            added = []
-            for proxy in self._links(fault):
-                for spec in fault.toxics():
-                    self.cluster.toxiproxy.add_toxic(proxy, **spec)
-                    added.append(f"{proxy}/{spec['name']}")
-            return f"added toxics {', '.join(added)}"
-        raise TypeError(f"unknown fault type {type(fault).__name__}")
-
-    def _stop_fault(self, fault: Any) -> str:
-        if isinstance(fault, Kill):
-            if not fault.restart:
-                return f"left {fault.target} down until the final heal"
-            self.cluster.restart(fault.target)
-            return f"restarted {fault.target}"
-        if isinstance(fault, Pause):
-            self.cluster.resume(fault.target)
-            return f"SIGCONT {fault.target}"
-        if isinstance(fault, Partition) and fault.mode == "refuse":
-            for proxy in self._links(fault):
-                self.cluster.toxiproxy.enable(proxy)
-            return f"enabled proxies {', '.join(self._links(fault))}"
-        if isinstance(fault, Partition) and fault.mode == "network":
-            for target in fault.targets:
-                self.cluster.connect(target)
-            return f"reconnected {', '.join(fault.targets)} with their aliases"
-        if isinstance(fault, (Partition, LinkFault)):
-            removed = []
-            for proxy in self._links(fault):
-                for spec in fault.toxics():
-                    try:
-                        self.cluster.toxiproxy.remove_toxic(proxy, spec["name"])
-                        removed.append(f"{proxy}/{spec['name']}")
-                    except NotFound:
-                        pass
-            return f"removed toxics {', '.join(removed) or '(none left)'}"
-        raise TypeError(f"unknown fault type {type(fault).__name__}")
-
     def apply(self, event: Event, t0: float) -> dict:
         started = self.clock()
         try:
-            did = self._start(event.fault) if event.action == "start" else self._stop_fault(event.fault)
+            nemesis = nemesis_for(event.fault)  # an unknown kind is recorded like any failed action
+            did = (nemesis.start if event.action == "start" else nemesis.stop)(self.cluster, event.fault)
             ok, error = True, None
         except Exception as exc:  # noqa: BLE001 - recorded in the history, the run goes on
             did, ok, error = None, False, f"{type(exc).__name__}: {exc}"

@@ -75,8 +75,11 @@ class Cluster(ABC):
     def resume(self, target: str) -> None: ...
 
     @abstractmethod
-    def restart(self, target: str) -> None:
-        """Start `target` again if it is down (a new incarnation for a learner)."""
+    def restart(self, target: str) -> str | None:
+        """Start `target` again if it is down (a new incarnation for a learner).
+
+        May return a short note for the history (e.g. when a scheduler had the new task
+        running); the kill nemesis records it as `restarted learner-2 (NOTE)`. None: no note."""
 
     @abstractmethod
     def is_running(self, target: str) -> bool: ...

@@ -1,0 +1,28 @@
+"""The kill nemesis: SIGKILL a target, then restart it (or leave it down until the final heal)."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from faults import Kill
+
+from .base import Nemesis
+
+if TYPE_CHECKING:
+    from ..backends.base import Cluster
+
+
+class KillNemesis(Nemesis):
+    kind = "kill"
+    color = "#d62728"
+    impairs_learner = True
+
+    def start(self, cluster: Cluster, fault: Kill) -> str:
+        cluster.kill(fault.target)
+        return f"SIGKILL {fault.target}"
+
+    def stop(self, cluster: Cluster, fault: Kill) -> str:
+        if not fault.restart:
+            return f"left {fault.target} down until the final heal"
+        # A backend may say more about the restart (e.g. when its scheduler had the new task running).
+        note = cluster.restart(fault.target)
+        return f"restarted {fault.target}" + (f" ({note})" if note else "")
