@@ -20,6 +20,7 @@ from typing import Callable
 
 from .divergence import check_no_divergence
 from .durable import DurableState, canonical_id, read_durable_state
+from .nemesis import NEMESES
 from .pace import Pace, measure
 from .reference import ReferenceCurve
 
@@ -27,7 +28,8 @@ PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 NOT_APPLICABLE = "n/a"  # nothing to judge in this run's mode
 # Required to pass (where they apply); every other check only may not fail.
 SAFETY_CHECKS = ("no_lost_acks", "no_double_apply", "monotonic_versions", "finite")
-LEARNER_IMPAIRING = {"kill", "pause", "partition"}
+# Kinds after which a learner cannot contribute (kill, pause, partition): each nemesis says so.
+LEARNER_IMPAIRING = NEMESES.impairing()
 
 # Time windows on the run's own clock (chaos/pace.py): each allowance is the fixed delays
 # the configuration imposes plus this many outer round periods measured in the run itself.

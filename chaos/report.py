@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .nemesis import NEMESES
+
 PNG_NAME = "timeline.png"
 HTML_NAME = "timeline.html"
 HISTORY_FILE = "history.jsonl"
@@ -49,18 +51,7 @@ GLOBAL_LOSS_CLIP = 1.5  # Θ samples above this x the highest training loss are 
 # Heals after which nothing the schedule started is still in force.
 FINAL_HEALS = ("end", "signal", "exception")
 
-KIND_COLORS = {
-    "kill": "#d62728",
-    "pause": "#ff7f0e",
-    "partition": "#9467bd",
-    "latency": "#1f77b4",
-    "bandwidth": "#17becf",
-    "reset_peer": "#8c564b",
-    "slow_close": "#bcbd22",
-    "slicer": "#e377c2",
-    "limit_data": "#7f7f7f",
-    "timeout": "#2ca02c",
-}
+KIND_COLORS = NEMESES.colors()  # each kind's colour lives on its nemesis
 _EXTRA_COLORS = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
 STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700"}
 
