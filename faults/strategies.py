@@ -13,15 +13,35 @@ kind with fewer parameters as simpler, so kill and pause (one draw each) win
 ties against the toxics. Times are whole tenths of a
 second, computed as integers, so files read ``at: 2.3``, not ``2.3000000000000003``.
 
+A kind's parameters are drawn field by field from each field's ``Rule`` (one draw per
+rule, below), so a new kind whose fields use known rules needs no edit here. Kill,
+partition, latency and slicer keep draws of their own: kill's target and restart are one
+draw, and the others have fields that constrain one another.
+
 hypothesis is imported inside the function, so ``faults`` works without it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from faults.kinds import DIRECTIONS, KINDS, SYNCER
+from faults.kinds import (
+    COUNT,
+    DIRECTION,
+    DIRECTIONS,
+    KINDS,
+    LINK_TARGET,
+    MILLIS,
+    POSITIVE_COUNT,
+    PROCESS_KINDS,
+    PROCESS_TARGET,
+    RATE,
+    SYNCER,
+    TOXICITY,
+    Rule,
+)
 from faults.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -85,8 +105,29 @@ def schedules(
     toxicity = st.integers(0, 9).map(lambda k: (10 - k) / 10)  # shrinks to 1.0
     millis = lambda lo_ms, hi_ms: st.integers(lo_ms, hi_ms).map(float)  # noqa: E731
 
-    def link(**extra: SearchStrategy[Any]) -> SearchStrategy[dict[str, Any]]:
-        return st.fixed_dictionaries({"target": learner, **extra, "direction": direction, "toxicity": toxicity})
+    # One draw per field rule; the rule holds what is valid, the bounds here what is useful.
+    draws: dict[Rule, SearchStrategy[Any]] = {
+        PROCESS_TARGET: st.sampled_from(process_targets),
+        LINK_TARGET: learner,
+        DIRECTION: direction,
+        TOXICITY: toxicity,
+        MILLIS: millis(0, 5000),
+        RATE: millis(1, 100_000),
+        COUNT: st.integers(0, 1 << 20),
+        POSITIVE_COUNT: st.integers(1, 4096),
+    }
+
+    def from_rules(kind: str) -> SearchStrategy[dict[str, Any]]:
+        """Every field but at and duration, in field order, each by its rule's draw."""
+        parts = {}
+        for f in fields(KINDS[kind]):  # type: ignore[arg-type]
+            if f.name in ("at", "duration"):
+                continue
+            rule = f.metadata["rule"]
+            if rule not in draws:
+                raise ValueError(f"no draw for {kind}.{f.name} ({rule}): add one to the draws in faults/strategies.py")
+            parts[f.name] = draws[rule]
+        return st.fixed_dictionaries(parts)
 
     @st.composite
     def partition(draw: Any) -> dict[str, Any]:
@@ -120,21 +161,16 @@ def schedules(
             "toxicity": draw(toxicity),
         }
 
-    params: dict[str, SearchStrategy[dict[str, Any]]] = {
+    special: dict[str, SearchStrategy[dict[str, Any]]] = {
         # one draw for target and restart, so a kill is as small as a pause and kinds shrink by order
         "kill": st.sampled_from([(t, r) for r in (True, False) for t in process_targets]).map(
             lambda tr: {"target": tr[0], "restart": tr[1]}
         ),
-        "pause": st.fixed_dictionaries({"target": st.sampled_from(process_targets)}),
         "partition": partition(),
         "latency": latency(),
-        "bandwidth": link(rate_kbps=millis(1, 100_000)),
-        "reset_peer": link(timeout_ms=millis(0, 5000)),
-        "slow_close": link(delay_ms=millis(0, 5000)),
         "slicer": slicer(),
-        "limit_data": link(bytes=st.integers(0, 1 << 20)),
-        "timeout": link(timeout_ms=millis(0, 5000)),
     }
+    params = {kind: special[kind] if kind in special else from_rules(kind) for kind in kinds}
 
     @st.composite
     def draft(draw: Any) -> tuple[str, int, int, dict[str, Any]]:
@@ -144,7 +180,7 @@ def schedules(
         return kind, gap, length, draw(params[kind])
 
     def lanes(kind: str, p: dict[str, Any]) -> list[tuple[str, ...]]:
-        if kind in ("kill", "pause"):
+        if kind in PROCESS_KINDS:
             return [("process", p["target"].split("/")[0])]  # a unit and its ranks share a lane
         if kind == "partition":
             return [("partition", t) for t in p["targets"]]

@@ -5,13 +5,31 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
-from faults.kinds import KINDS, Kill, Latency, Partition, Slicer
+import faults.strategies
+from faults.kinds import (
+    AT,
+    DIRECTION,
+    DURATION,
+    KINDS,
+    LINK_TARGET,
+    MILLIS,
+    TOXICITY,
+    Kill,
+    Latency,
+    LinkFault,
+    Partition,
+    Rule,
+    Slicer,
+    _field,
+)
 from faults.schedule import Schedule
 from faults.strategies import schedules
 
@@ -178,3 +196,41 @@ def test_a_rank_target_can_be_drawn() -> None:
 def test_bad_ranks_are_refused(ranks: dict) -> None:
     with pytest.raises(ValueError, match="ranks must map learner numbers 1..2 to integers >= 1"):
         schedules(learners=2, ranks=ranks)
+
+
+# --------------------------------------------------------------------------- parameters from rules
+
+
+@dataclass(frozen=True)
+class Jam(LinkFault):
+    """A toxic kind the strategies have never heard of, made of known rules."""
+
+    kind: ClassVar[str] = "jam"
+    toxic_type: ClassVar[str] = "latency"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(LINK_TARGET)
+    hold_ms: float = _field(MILLIS)
+    direction: str = _field(DIRECTION, "both")
+    toxicity: float = _field(TOXICITY, 1.0)
+
+
+@dataclass(frozen=True)
+class Odd(LinkFault):
+    kind: ClassVar[str] = "odd"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(LINK_TARGET)
+    ratio: float = _field(Rule("number", gt=0, le=7))
+
+
+def test_a_new_kind_is_drawn_from_its_field_rules(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(faults.strategies.KINDS, "jam", Jam)
+    found = find(schedules(kinds=("jam",)), lambda s: any(f.hold_ms > 100 for f in s.faults), settings=FIND)
+    assert found.faults == (Jam(0.0, 0.5, "learner-1", 101.0),)
+
+
+def test_a_rule_without_a_draw_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(faults.strategies.KINDS, "odd", Odd)
+    with pytest.raises(ValueError, match="no draw for odd.ratio"):
+        schedules(kinds=("odd",))
