@@ -1,7 +1,8 @@
 """Bring-your-own-model tasks, end to end: `python -m trainer run --task FILE.py:NAME`.
 
-The XOR task below is written from the README's contract ("Your own model") alone; the
-README's own example must load and pass the preflight; examples/tasks/charlm.py must train.
+The XOR task below is written from the task contract (docs/tasks.md) alone; the README's
+own example ("Your own model") must load and pass the preflight; examples/tasks/charlm.py
+must train.
 """
 from __future__ import annotations
 
