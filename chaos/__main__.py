@@ -1,4 +1,4 @@
-"""CLI: `python -m chaos {run,replay,demo,validate,toxiproxy,report}`. `--help` on each."""
+"""CLI: `python -m chaos {run,replay,demo,validate,toxiproxy,report,stack,forward,load}`. `--help` on each."""
 from __future__ import annotations
 
 import argparse
@@ -14,6 +14,7 @@ from trainer.argtypes import device_arg
 
 from faults.sizing import DEFAULT_LEARNERS, DEFAULT_RANKS
 from trainer.rundir import claim_run_dir, release_if_empty
+from trainer.runspec import BACKENDS
 
 
 def print_verdicts(result) -> None:
@@ -182,7 +183,18 @@ def cmd_load(argv: list[str]) -> int:
     return load_main(argv)
 
 
-PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load}
+def cmd_stack(argv: list[str]) -> int:
+    from .stack_cli import main
+    return main(argv)
+
+
+def cmd_forward(argv: list[str]) -> int:
+    from .forward import main
+    return main(argv)
+
+
+PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load,
+               "stack": cmd_stack, "forward": cmd_forward}
 
 
 REFERENCE_CHOICES = ("auto", "off")  # chaos/reference.py
@@ -216,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("run", help="start a cluster, apply a fault schedule, heal, check")
     p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.yaml, .yml or .json)")
-    p.add_argument("--backend", choices=("local", "compose"), default="local")
+    p.add_argument("--backend", choices=BACKENDS, default="local")
     p.add_argument("--learners", type=_positive_int, default=None,
                    help=f"learner units (default: the schedule's learners:, else {DEFAULT_LEARNERS}; "
                         f"must agree with the schedule's learners: when both are given)")
@@ -246,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "settings and seed")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `chaos run` directory or a pytest chaos-artifacts directory")
     p.add_argument("--out", help="run directory for the replay (default RUN_DIR-replay-<n>, the first free n)")
-    p.add_argument("--backend", choices=("local", "compose"), default=None,
+    p.add_argument("--backend", choices=BACKENDS, default=None,
                    help="replay on this backend instead of the recorded one")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_replay)
@@ -260,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
     sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")
     sub.add_parser("report", help="write timeline.png and timeline.html for a run dir (report --help)")
+    sub.add_parser("stack", help="print the Docker Swarm stack file rendered from compose.yaml (stack --help)")
+    sub.add_parser("forward", help="relay TCP from one address to another: the swarm backend's API gateway "
+                                   "(forward --help)")
     sub.add_parser("load", help="keep N busy processes on the CPUs for a while, to run something under a "
                                 "known load (load --help)")
     return parser

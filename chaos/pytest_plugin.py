@@ -72,6 +72,7 @@ MARKERS = {
     "slow": "takes more than a minute",
     "property": "a hypothesis property test (the 'ci' profile by default, --hypothesis-profile nightly for more)",
     "compose": "needs the docker compose backend",
+    "swarm": "needs the swarm backend: a Docker engine that is a swarm manager",
 }
 
 HEALTH_CHECKS = ("too_slow", "function_scoped_fixture", "data_too_large", "filter_too_much")
@@ -159,7 +160,7 @@ def streaming_trainer_args(args: list[str] | tuple[str, ...] = ()) -> list[str]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("islands chaos", "islands chaos: fault-injection tests on a real cluster")
-    group.addoption("--chaos-backend", choices=("local", "compose"), default="local",
+    group.addoption("--chaos-backend", choices=("local", "compose", "swarm"), default="local",
                     help="cluster backend for the chaos fixtures and the chaos marker (default: local)")
     group.addoption("--chaos-seed", type=int, default=None, metavar="INT",
                     help="override the seed of every schedule run (default: each schedule keeps its own)")
@@ -679,12 +680,12 @@ def chaos_result(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_compose = config.getoption("chaos_backend") == "compose"
-    skip_compose = pytest.mark.skip(reason="needs the compose backend: --chaos-backend compose and a Docker "
-                                           "engine (README, 'Docker')")
+    backend = config.getoption("chaos_backend")
     for item in items:
-        if item.get_closest_marker("compose") is not None and not on_compose:
-            item.add_marker(skip_compose)
+        for needed in ("compose", "swarm"):  # a suite of containers runs only on its own backend
+            if item.get_closest_marker(needed) is not None and backend != needed:
+                item.add_marker(pytest.mark.skip(reason=f"needs the {needed} backend: --chaos-backend {needed} and "
+                                                        f"a Docker engine (docs/{needed}.md)"))
         if item.get_closest_marker("chaos") is not None:
             names = getattr(item, "fixturenames", None)
             if names is not None and "chaos_result" not in names:

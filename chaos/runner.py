@@ -49,7 +49,10 @@ def make_cluster(spec: RunSpec, run_dir: Path) -> Cluster:
     if spec.backend == "compose":
         from .backends.compose import ComposeCluster
         return ComposeCluster(run_dir, spec=spec)
-    raise ValueError(f"--backend: unknown backend {spec.backend!r} (known: local, compose)")
+    if spec.backend == "swarm":
+        from .backends.swarm import SwarmCluster
+        return SwarmCluster(run_dir, spec=spec)
+    raise ValueError(f"--backend: unknown backend {spec.backend!r} (known: local, compose, swarm)")
 
 
 def check_task(spec: RunSpec) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from .argtypes import check_device
 
-BACKENDS = ("local", "compose")
+BACKENDS = ("local", "compose", "swarm")
 # Fields to_argv writes its own way (or not at all: env goes before the command).
 SPELLED_OUT = ("backend", "learners", "trainer_args", "learner_args", "duration", "env")
 MODES = ("decoupled", "sync")
@@ -23,7 +23,7 @@ MODES = ("decoupled", "sync")
 
 @dataclass(frozen=True)
 class RunSpec:
-    backend: str = "local"          # local | compose
+    backend: str = "local"          # local | compose | swarm
     learners: int = 3
     ranks: int = 1                  # ranks per learner unit (a learner's own --ranks in learner_args wins)
     mode: str = "decoupled"         # decoupled | sync

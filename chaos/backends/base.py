@@ -68,6 +68,10 @@ class Cluster(ABC):
     @abstractmethod
     def kill(self, target: str) -> None: ...
 
+    def hold_down(self, target: str) -> None:
+        """Keep a killed `target` down until restart() (a kill with restart: false). Only a
+        backend whose engine restarts what dies by itself (swarm) has anything to do."""
+
     @abstractmethod
     def pause(self, target: str) -> None: ...
 
@@ -107,7 +111,7 @@ class Cluster(ABC):
     def disconnect(self, target: str) -> None:
         """Cut `target`'s container off its networks (partition mode 'network')."""
         raise UnsupportedFault(f"{type(self).__name__} cannot disconnect {target!r} from a network: "
-                               "partition mode 'network' needs the compose backend")
+                               "partition mode 'network' needs the compose backend or the swarm backend")
 
     def connect(self, target: str) -> None:
         raise UnsupportedFault(f"{type(self).__name__} cannot connect {target!r} to a network")
@@ -124,7 +128,7 @@ class Cluster(ABC):
                 problems.append(f"faults[{i}].target: {unit} runs {ranks} rank(s), so {target!r} does not exist "
                                 f"(give {unit} more with the learner flag --ranks)")
             if getattr(f, "mode", None) == "network" and not self.supports_network_partitions:
-                problems.append(f"faults[{i}].mode: 'network' partitions need the compose backend")
+                problems.append(f"faults[{i}].mode: 'network' partitions need the compose backend or the swarm backend")
         return problems
 
     # ----------------------------------------------------------- healing

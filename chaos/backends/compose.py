@@ -32,6 +32,7 @@ from ..client import NotFound, ToxiproxyClient, Unreachable
 from ..filelock import hold, holder
 from ..processes import islands_home, proc_start_time
 from .base import Cluster, UnknownTarget
+from .compose_file import PROXY_BASE_PORT, SYNCER_UPSTREAM, defined_learners, learner_command, load_services
 from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
 from .compose_guard import ClusterBusy, refuse_if_busy
 from .ranks import SIGNAL_RANK_SCRIPT, published_ranks, split_rank, wait_for_rank
@@ -46,8 +47,6 @@ TOXIPROXY_SERVER_ENV = "ISLANDS_TOXIPROXY"   # auto | shopify | islands
 DEFAULT_IMAGE = "islands:latest"
 DEFAULT_TOXIPROXY_IMAGE = "ghcr.io/shopify/toxiproxy:2.12.0"
 OVERRIDE_FILE = "compose.islands-toxiproxy.yaml"
-PROXY_BASE_PORT = 21000
-SYNCER_UPSTREAM = "syncer:7000"
 CONTROL_NETWORK = "control"
 DOCKER_TIMEOUT = 30
 START_TIMEOUT = 180.0
@@ -88,6 +87,8 @@ TASK_MOUNT = "/islands/task"  # where every container sees the user's task folde
 
 
 class ComposeCluster(Cluster):
+    backend_name = "compose"
+
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, project: str | None = None,
                  compose_file: str | os.PathLike | None = None, **settings) -> None:
         """`spec` is what runs; `settings` (learners=, mode=, task=, ...) make or amend one."""
@@ -195,6 +196,17 @@ class ComposeCluster(Cluster):
                 from exc
 
     def _compose_files(self) -> list[Path]:
+        files = self._service_files()
+        extra = self._learner_overrides()
+        if extra:
+            path = self.run_dir / "compose.learners.yaml"
+            path.write_text(yaml.safe_dump(extra, sort_keys=False))
+            files.append(path)
+        return files
+
+    def _service_files(self) -> list[Path]:
+        """compose.yaml, and the override that swaps in our Toxiproxy-compatible server unless
+        the real Toxiproxy's image is present (or $ISLANDS_TOXIPROXY chooses)."""
         files = [self.compose_file]
         choice = os.environ.get(TOXIPROXY_SERVER_ENV, "auto")
         if choice not in ("auto", "shopify", "islands"):
@@ -204,21 +216,11 @@ class ComposeCluster(Cluster):
         self.toxiproxy_server = "islands" if use_ours else toxiproxy_image
         if use_ours:
             files.append(self.compose_file.parent / OVERRIDE_FILE)
-        extra = self._learner_overrides()
-        if extra:
-            path = self.run_dir / "compose.learners.yaml"
-            path.write_text(yaml.safe_dump(extra, sort_keys=False))
-            files.append(path)
         return files
-
-    def _defined_learners(self) -> dict[int, dict]:
-        services = yaml.safe_load(self.compose_file.read_text()).get("services", {})
-        return {int(name.split("-", 1)[1]): svc for name, svc in services.items()
-                if name.startswith("learner-") and name.split("-", 1)[1].isdigit()}
 
     def _learner_overrides(self) -> dict:
         """Services for learners beyond those compose.yaml defines, and per-learner flags."""
-        defined = self._defined_learners()
+        defined = defined_learners(load_services(self.compose_file))
         if not defined:
             raise ComposeError(f"{self.compose_file} defines no learner-N service")
         template = defined[min(defined)]
@@ -228,11 +230,8 @@ class ComposeCluster(Cluster):
             if i in defined and not extra:
                 continue
             base = defined.get(i) or template
-            command = [str(a) for a in base["command"]]
-            command[command.index("--learner") + 1] = str(i)
-            command[command.index("--connect") + 1] = f"toxiproxy:{PROXY_BASE_PORT + i}"
-            services[f"learner-{i}"] = {**base, "command": command + extra} if i not in defined else \
-                {"command": command + extra}
+            command = learner_command(base["command"], i, extra)
+            services[f"learner-{i}"] = {**base, "command": command} if i not in defined else {"command": command}
         return {"services": services} if services else {}
 
     def _compose_env(self) -> dict[str, str]:

@@ -18,6 +18,8 @@ class KillNemesis(Nemesis):
 
     def start(self, cluster: Cluster, fault: Kill) -> str:
         cluster.kill(fault.target)
+        if not fault.restart:
+            cluster.hold_down(fault.target)  # an engine that restarts by itself (Swarm) must not
         return f"SIGKILL {fault.target}"
 
     def stop(self, cluster: Cluster, fault: Kill) -> str:

@@ -190,7 +190,7 @@ def test_a_backend_names_the_faults_it_cannot_apply(cluster: FakeCluster) -> Non
     schedule = Schedule(seed=1, faults=(
         Kill(at=0, duration=1, target="learner-2"),
         Partition(at=1, duration=1, targets=("learner-1",), mode="network"),)).validate(3)
-    assert cluster.unsupported(schedule) == ["faults[1].mode: 'network' partitions need the compose backend"]
+    assert cluster.unsupported(schedule) == ["faults[1].mode: 'network' partitions need the compose backend or the swarm backend"]
     with pytest.raises(ValueError, match="needs the compose backend"):
         cluster.disconnect("learner-1")
 

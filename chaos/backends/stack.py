@@ -1,0 +1,131 @@
+"""The Docker Swarm stack file, rendered from compose.yaml.
+
+Why a rendered file and not compose.yaml itself: `docker stack deploy` reads the compose
+file format 3, whose `depends_on` is a plain list, while compose (v1 and v2) needs the
+`condition: service_healthy` form to start learners after a listening syncer; and a
+Swarm service cannot publish a port on 127.0.0.1 only. So compose.yaml stays the one
+source of truth for what each container runs (image, command, environment, mounts,
+networks, the secret) and this module adds what Swarm alone needs:
+
+- `deploy`: a restart policy (Swarm, not the controller, brings a killed task back),
+  placement constraints (the syncer and its proxy on the node that holds the state volume,
+  the learners on nodes labelled for them);
+- overlay networks; `control` is attachable, so the controller's API gateway (a plain
+  container publishing on 127.0.0.1) can reach the proxy's API;
+- the proxy's config file as a Swarm config, not a bind mount of the checkout;
+- `endpoint_mode: dnsrr`: a service's name resolves to its task's address. The default,
+  a virtual IP, needs the kernel's IPVS, which many hosts (this one, CI's) lack; without
+  it every connection to a virtual IP fails with "no route to host";
+- no health checks on the syncer and learners: a paused container fails its probe, and
+  Swarm replaces an unhealthy task, which would turn a pause into a kill;
+- one service per learner, as many as the run asks for.
+
+`python -m chaos stack` prints it for a deployment by hand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .compose_file import defined_learners, learner_command, load_services
+
+STACK_FORMAT = "3.8"  # the newest format the Debian docker.io 20.10 client reads as well
+RESTART_DELAY = "2s"
+SYNCER_LABEL = "islands.syncer"       # the node that holds the syncer's state volume
+LEARNERS_LABEL = "islands.learners"   # nodes learners may run on
+DROPPED_KEYS = ("depends_on", "ports", "container_name", "build")
+PROXY_CONFIG = "toxiproxy_config"
+PROXY_CONFIG_TARGET = "/config/toxiproxy.json"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where Swarm may run each role, as service constraints."""
+
+    syncer: tuple[str, ...] = (f"node.labels.{SYNCER_LABEL} == true",)
+    learners: tuple[str, ...] = ()
+    preferences: tuple[str, ...] = field(default=())  # e.g. spread over node.labels.zone
+
+
+def _deploy(constraints: tuple[str, ...], preferences: tuple[str, ...] = ()) -> dict:
+    deploy: dict = {"replicas": 1, "endpoint_mode": "dnsrr",
+                    "restart_policy": {"condition": "any", "delay": RESTART_DELAY}}
+    placement: dict = {}
+    if constraints:
+        placement["constraints"] = list(constraints)
+    if preferences:
+        placement["preferences"] = [{"spread": p} for p in preferences]
+    if placement:
+        deploy["placement"] = placement
+    return deploy
+
+
+def _swarm_service(svc: dict, deploy: dict, health: bool) -> dict:
+    out = {k: v for k, v in svc.items() if k not in DROPPED_KEYS}
+    if not health:
+        out["healthcheck"] = {"disable": True}
+    out["deploy"] = deploy
+    return out
+
+
+def _proxy_service(svc: dict, deploy: dict, compose_dir: Path) -> tuple[dict, dict]:
+    """The proxy's service, its bind-mounted config turned into a Swarm config; and the config."""
+    out = _swarm_service(svc, deploy, health=True)
+    configs: dict = {}
+    mounts = []
+    for volume in out.get("volumes", []):
+        source, _, rest = str(volume).partition(":")
+        if rest.split(":", 1)[0] == PROXY_CONFIG_TARGET:
+            configs[PROXY_CONFIG] = {"file": str((compose_dir / source).resolve())}
+            continue
+        mounts.append(volume)
+    if configs:
+        out["configs"] = [{"source": PROXY_CONFIG, "target": PROXY_CONFIG_TARGET}]
+    if mounts:
+        out["volumes"] = mounts
+    else:
+        out.pop("volumes", None)
+    return out, configs
+
+
+def render_stack(compose_files: list[Path], learners: int, learner_args: dict[int, tuple[str, ...]] | None = None,
+                 placement: Placement = Placement()) -> dict:
+    """The stack file for `learners` learners, from compose.yaml (and its override files)."""
+    services = load_services(*compose_files)
+    defined = defined_learners(services)
+    if not defined:
+        raise ValueError(f"{compose_files[0]} defines no learner-N service")
+    for role in ("syncer", "toxiproxy"):
+        if role not in services:
+            raise ValueError(f"{compose_files[0]} defines no {role!r} service")
+    compose_dir = Path(compose_files[0]).resolve().parent
+    proxy, configs = _proxy_service(services["toxiproxy"], _deploy(placement.syncer), compose_dir)
+    out: dict[str, dict] = {
+        "syncer": _swarm_service(services["syncer"], _deploy(placement.syncer), health=False),
+        "toxiproxy": proxy,
+    }
+    template = defined[min(defined)]
+    for i in range(1, learners + 1):
+        base = defined.get(i) or template
+        svc = {**base, "command": learner_command(base["command"], i, (learner_args or {}).get(i, ()))}
+        out[f"learner-{i}"] = _swarm_service(svc, _deploy(placement.learners, placement.preferences), health=False)
+
+    document = yaml_document(compose_files[0])
+    stack: dict = {"version": STACK_FORMAT, "services": out}
+    networks = {name: {**(spec or {}), "driver": "overlay"} for name, spec in document.get("networks", {}).items()}
+    for spec in networks.values():
+        if not spec.get("internal"):
+            spec["attachable"] = True  # the control network: the API gateway joins it
+    stack["networks"] = networks
+    if document.get("volumes"):
+        stack["volumes"] = document["volumes"]
+    if document.get("secrets"):
+        stack["secrets"] = document["secrets"]
+    if configs:
+        stack["configs"] = configs
+    return stack
+
+
+def yaml_document(path: Path) -> dict:
+    import yaml
+    return yaml.safe_load(Path(path).read_text()) or {}

@@ -1,0 +1,480 @@
+"""The swarm backend: the compose cluster as a Docker Swarm stack, on one node or many.
+
+What differs from compose, and why:
+- Lifecycle: the stack file is rendered from compose.yaml (stack.py) and deployed with
+  `docker stack deploy`; removal goes through the engine's API, waiting until the stack's
+  services, containers, networks, secret, config and volumes are gone (a stack's removal
+  is asynchronous, and a new deploy beside leftovers fails or loads a stale state volume).
+- Where a target runs: Swarm decides. A target's container is its service's newest task's
+  container, on whatever node it was scheduled; the controller reaches that node's own
+  engine through the node label `islands.engine` (e.g. tcp://10.0.0.3:2375), or the local
+  engine for the node it runs on. The manager is the engine DOCKER_HOST names.
+- Kill: SIGKILL the task's container and let Swarm's restart policy bring a new task up;
+  restart() waits for it and says when it ran. A kill with `restart: false` also scales the
+  service to 0 (hold_down), until the heal scales it back to 1.
+- The proxy's API: a Swarm service cannot publish on 127.0.0.1 only, so a relay container
+  (forward.py) on the attachable `control` network publishes it there instead.
+- Placement: the syncer and its proxy on the node labelled `islands.syncer=true`, where
+  the state volume lives; learners on nodes labelled `islands.learners=true` when any is.
+  A single-node swarm's one node is labelled for both; a larger swarm must be labelled by
+  its operator (the error says how).
+Faults on processes inside a container (pause, a rank's signal) work as for compose.
+"""
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import subprocess
+import time
+
+import yaml
+
+from trainer.runspec import RunSpec
+
+from ..client import ToxiproxyClient
+from ..filelock import hold, holder
+from ..processes import islands_home, proc_start_time
+from .base import UnknownTarget, UnsupportedFault
+from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
+from .compose_cli import ComposeError
+from .compose_guard import ClusterBusy
+from .ranks import split_rank
+from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, render_stack
+
+STACK_ENV = "ISLANDS_SWARM_STACK"
+DEFAULT_STACK = "islands-chaos"
+API_ADDRESS_ENV = "ISLANDS_SWARM_API_ADDRESS"  # where the API relay publishes (127.0.0.1)
+ENGINE_LABEL = "islands.engine"
+NAMESPACE_LABEL = "com.docker.stack.namespace"
+SERVICE_NAME_LABEL = "com.docker.swarm.service.name"
+API_PORT = 8474
+RESTART_TIMEOUT = 120.0
+REMOVE_TIMEOUT = 120.0
+POLL = 0.25
+
+
+class SwarmError(ComposeError):
+    """The swarm is missing, refused a request, or did not converge in time; the message says which."""
+
+
+def _parse_time(stamp: str) -> float:
+    """Docker's RFC 3339 timestamp (nanoseconds, Z) as Unix seconds."""
+    whole, _, frac = stamp.rstrip("Z").partition(".")
+    return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{frac or 0}")
+
+
+def _dump(document: dict) -> str:
+    class NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:  # a file for people: no &id001 anchors
+            return True
+    return yaml.dump(document, Dumper=NoAliases, sort_keys=False)
+
+
+class SwarmCluster(ComposeCluster):
+    backend_name = "swarm"
+
+    def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, stack: str | None = None,
+                 compose_file: str | os.PathLike | None = None, **settings) -> None:
+        super().__init__(run_dir, spec=spec, project=stack or os.environ.get(STACK_ENV, DEFAULT_STACK),
+                         compose_file=compose_file, **settings)
+        self.stack = self.project_name
+        self._engines: dict[str, object] = {}
+        self._killed: dict[str, tuple[str | None, float]] = {}  # unit -> (container id, wall time)
+        self._deployed = False
+        self._node_id: str | None = None
+
+    # ----------------------------------------------------------- engines
+    def _local_node(self) -> str:
+        if self._node_id is None:
+            self._node_id = self.docker.info()["Swarm"].get("NodeID", "")
+        return self._node_id
+
+    def _engine(self, node_id: str):
+        """The engine of the node that runs a task: its `islands.engine` label, or the manager's own."""
+        if node_id == self._local_node():
+            return self.docker
+        node = self.docker.nodes.get(node_id)
+        url = (node.attrs["Spec"].get("Labels") or {}).get(ENGINE_LABEL)
+        hostname = node.attrs["Description"]["Hostname"]
+        if not url:
+            raise SwarmError(f"node {hostname} ({node_id[:12]}) runs a task but has no {ENGINE_LABEL} label: the "
+                             f"controller needs that node's engine to signal its containers; label it, e.g. "
+                             f"docker node update --label-add {ENGINE_LABEL}=tcp://NODE:2375 {hostname}")
+        if url not in self._engines:
+            import docker
+            self._engines[url] = docker.DockerClient(base_url=url, timeout=DOCKER_TIMEOUT)
+        return self._engines[url]
+
+    def _all_engines(self) -> list:
+        engines = [self.docker]
+        for node in self.docker.nodes.list():
+            if node.attrs["Spec"].get("Labels", {}).get(ENGINE_LABEL) and node.id != self._local_node():
+                try:
+                    engines.append(self._engine(node.id))
+                except SwarmError:
+                    pass
+        return engines
+
+    # ----------------------------------------------------------- services and tasks
+    def _service(self, unit: str):
+        import docker.errors
+        try:
+            return self.docker.services.get(f"{self.stack}_{unit}")
+        except docker.errors.NotFound:
+            return None
+
+    def _tasks(self, unit: str) -> list[dict]:
+        """The unit's tasks, newest first."""
+        service = self._service(unit)
+        if service is None:
+            return []
+        return sorted(service.tasks(), key=lambda t: t.get("Version", {}).get("Index", 0), reverse=True)
+
+    def _task_container(self, task: dict):
+        import docker.errors
+        cid = (task.get("Status", {}).get("ContainerStatus") or {}).get("ContainerID")
+        if not cid:
+            return None
+        try:
+            return self._engine(task["NodeID"]).containers.get(cid)
+        except docker.errors.NotFound:
+            return None
+
+    def _container(self, target: str):
+        """The container of the unit's newest task that has one (running, or the last one stopped)."""
+        unit = split_rank(self.check_target(target))[0]
+        for task in self._tasks(unit):
+            container = self._task_container(task)
+            if container is not None:
+                return container
+        return None
+
+    def _containers(self, service: str | None = None, all: bool = True) -> list:
+        units = [service] if service else self.units() + ["toxiproxy"]
+        return [c for u in units if (c := self._container_of(u)) is not None]
+
+    def _container_of(self, unit: str):
+        for task in self._tasks(unit):
+            if (c := self._task_container(task)) is not None:
+                return c
+        return None
+
+    def _running_task(self, unit: str) -> dict | None:
+        """The task Swarm runs for the unit now, not the one the last kill took down."""
+        killed = self._killed.get(unit, (None, 0.0))[0]
+        for task in self._tasks(unit):
+            status = task.get("Status", {})
+            cid = (status.get("ContainerStatus") or {}).get("ContainerID")
+            if task.get("DesiredState") == "running" and status.get("State") == "running" and cid != killed:
+                container = self._task_container(task)
+                if container is not None and self._state(container) in ("running", "paused"):
+                    return task
+        return None
+
+    def placement_of(self) -> dict[str, str]:
+        """Each unit's node now (hostname), for reports and the multi-node bench."""
+        out = {}
+        for unit in [*self.units(), "toxiproxy"]:
+            task = self._running_task(unit)
+            if task is not None:
+                out[unit] = self.docker.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
+        return out
+
+    # ----------------------------------------------------------- lifecycle
+    def claim_project(self) -> None:
+        if self._project_hold is not None:
+            return
+        path = islands_home() / "swarm" / f"{self.stack}.lock"
+        self._project_hold = hold(path, {"pid": os.getpid(), "start": proc_start_time(os.getpid()),
+                                         "run_dir": str(self.run_dir)})
+        if self._project_hold is None:
+            other = holder(path)
+            raise ClusterBusy(f"swarm stack {self.stack!r} is in use by another run (pid {other.get('pid', '?')}, "
+                              f"run dir {other.get('run_dir', '?')}); wait for it to end, or give this run a stack "
+                              f"of its own with ${STACK_ENV}")
+
+    def preflight(self) -> None:
+        """Refuse without a swarm this engine manages, without the image, or while another run
+        holds the stack."""
+        self.claim_project()
+        try:
+            swarm = self.docker.info().get("Swarm", {})
+            if swarm.get("LocalNodeState") != "active" or not swarm.get("ControlAvailable"):
+                raise SwarmError("this Docker engine is not a swarm manager: run `docker swarm init "
+                                 "--advertise-addr 127.0.0.1` (one node), or point DOCKER_HOST at a manager")
+            if not _image_present(self.docker, self.image):
+                raise SwarmError(f"image {self.image} not found: build it with docker/build-image.sh (on a swarm of "
+                                 f"several nodes, load it on every node: docker save | docker load)")
+            self.placement()
+        except BaseException:
+            self.release_project()
+            raise
+
+    def placement(self) -> Placement:
+        """Constraints from the node labels; a single-node swarm's node is labelled for every role."""
+        nodes = self.docker.nodes.list()
+        labelled = [n for n in nodes if n.attrs["Spec"].get("Labels", {}).get(SYNCER_LABEL) == "true"]
+        if not labelled and len(nodes) == 1:
+            spec = nodes[0].attrs["Spec"]
+            spec["Labels"] = {**spec.get("Labels", {}), SYNCER_LABEL: "true", LEARNERS_LABEL: "true"}
+            nodes[0].update(spec)
+            labelled = nodes
+        if not labelled:
+            raise SwarmError(f"no node is labelled {SYNCER_LABEL}=true: the syncer's state volume must stay on one "
+                             f"node; choose it with docker node update --label-add {SYNCER_LABEL}=true NODE")
+        learners = any(n.attrs["Spec"].get("Labels", {}).get(LEARNERS_LABEL) == "true" for n in nodes)
+        return Placement(learners=(f"node.labels.{LEARNERS_LABEL} == true",) if learners else ())
+
+    def start(self) -> None:
+        self.preflight()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        self.leftovers = self._remove_stack()
+        files = self._service_files()
+        env = self._compose_env()
+        stack_file = self.run_dir / "stack.yaml"
+        stack_file.write_text(_dump(render_stack(files, self.learners, self.spec.learner_args, self.placement())))
+        self._deployed = True
+        self._cli("stack", "deploy", "--resolve-image", "never", "--prune", "-c", str(stack_file), self.stack,
+                  env=env, timeout=START_TIMEOUT)
+        self._start_gateway()
+        self._wait_for_toxiproxy()
+        for i in range(1, self.learners + 1):
+            self._ensure_proxy(f"learner-{i}")
+        (self.run_dir / "toxiproxy.json").write_text(json.dumps({
+            "url": self.toxiproxy.url, "server": self.toxiproxy_server, "stack": self.stack}))
+        self._wait_running(["syncer", *(f"learner-{i}" for i in range(1, self.learners + 1))], START_TIMEOUT)
+
+    def _cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> str:
+        argv = ["docker", *args]
+        try:
+            done = subprocess.run(argv, cwd=self.compose_file.parent, env={**os.environ, **(env or {})},
+                                  capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            raise SwarmError(f"`{' '.join(argv)}` did not finish within {timeout:.0f}s") from exc
+        if done.returncode != 0:
+            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
+            raise SwarmError(f"`{' '.join(argv)}` exited with {done.returncode}:\n{tail}")
+        return done.stdout
+
+    def _start_gateway(self) -> None:
+        """The relay that publishes the proxy's API on 127.0.0.1 (see forward.py)."""
+        bind = os.environ.get(API_ADDRESS_ENV, "127.0.0.1")
+        gateway = self.docker.containers.run(
+            self.image, ["chaos", "forward", "--listen", f"0.0.0.0:{API_PORT}", "--to", f"toxiproxy:{API_PORT}"],
+            name=f"{self.stack}-api", detach=True, init=True, network=f"{self.stack}_control",
+            ports={f"{API_PORT}/tcp": (bind, None)},
+            labels={NAMESPACE_LABEL: self.stack, "islands.role": "api-gateway"})
+        port = None
+        deadline = time.monotonic() + 30
+        while port is None and time.monotonic() < deadline:
+            gateway.reload()
+            bound = (gateway.attrs["NetworkSettings"]["Ports"] or {}).get(f"{API_PORT}/tcp")
+            port = int(bound[0]["HostPort"]) if bound else None
+            if port is None:
+                time.sleep(POLL)
+        if port is None:
+            raise SwarmError(f"the API relay container {gateway.name} published no port within 30 s")
+        self.toxiproxy_port = port
+        self.toxiproxy = ToxiproxyClient(f"http://{bind}:{port}")
+
+    def _wait_running(self, units: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        waiting = list(units)
+        while waiting:
+            waiting = [u for u in waiting if self._running_task(u) is None]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                errors = {u: (self._tasks(u)[:1] or [{}])[0].get("Status", {}).get("Err", "no task") for u in waiting}
+                raise SwarmError(f"no running task within {timeout:.0f}s for {', '.join(waiting)}: {errors}")
+            time.sleep(POLL)
+
+    def stop(self) -> None:
+        """Heal, scale the learners to 0 (SIGTERM: they push what is left), then the syncer;
+        keep logs and state; remove the stack."""
+        if not self._deployed:
+            self.release_project()
+            return
+        try:
+            if self.toxiproxy is not None:
+                for proxy in self.link_proxies():
+                    try:
+                        self.toxiproxy.clear(proxy)
+                    except Exception:  # noqa: BLE001 - stopping goes on whatever the proxy says
+                        pass
+            self._reconnect_all()
+            for c in self._containers():
+                if self._state(c) == "paused":
+                    c.unpause()
+            self._scale_down([f"learner-{i}" for i in range(1, self.learners + 1)])
+            self._scale_down(["syncer", "toxiproxy"])
+            self._save_logs()
+            self._export_state()
+        finally:
+            try:
+                if os.environ.get("ISLANDS_SWARM_KEEP") != "1":
+                    self._remove_stack()
+            finally:
+                self.release_project()
+
+    def _scale_down(self, units: list[str]) -> None:
+        for unit in units:
+            if (service := self._service(unit)) is not None:
+                service.scale(0)
+        deadline = time.monotonic() + STOP_TIMEOUT + 30
+        while any(self._state(c) in ("running", "paused") for u in units if (c := self._container_of(u))):
+            if time.monotonic() > deadline:
+                return  # removal below kills what is left
+            time.sleep(POLL)
+
+    def _save_logs(self) -> None:
+        for unit in [*self.units(), "toxiproxy"]:
+            service = self._service(unit)
+            if service is None:
+                continue
+            try:
+                text = b"".join(service.logs(stdout=True, stderr=True, timestamps=False))
+                (self.run_dir / "logs" / f"{unit}.log").write_bytes(text)
+            except Exception:  # noqa: BLE001 - logs are a convenience
+                pass
+
+    def _remove_stack(self) -> list[str]:
+        """Remove everything labelled with this stack, on every engine, and wait until it is gone."""
+        removed = []
+        for service in self.docker.services.list(filters={"label": f"{NAMESPACE_LABEL}={self.stack}"}):
+            removed.append(service.name)
+            service.remove()
+        engines = self._all_engines()
+        for engine in engines:
+            for c in engine.containers.list(all=True, filters={"label": f"{NAMESPACE_LABEL}={self.stack}"}):
+                if c.labels.get("islands.role") == "api-gateway":
+                    c.remove(force=True)
+        self._until_gone(lambda: [c.name for e in engines for c in e.containers.list(
+            all=True, filters={"label": f"{NAMESPACE_LABEL}={self.stack}"})], "the stack's containers")
+        for kind in ("networks", "secrets", "configs"):
+            for obj in getattr(self.docker, kind).list(filters={"label": f"{NAMESPACE_LABEL}={self.stack}"}):
+                self._retry_remove(obj)
+        for engine in engines:
+            for volume in engine.volumes.list(filters={"label": f"{NAMESPACE_LABEL}={self.stack}"}):
+                self._retry_remove(volume)
+        return removed
+
+    @staticmethod
+    def _retry_remove(obj) -> None:
+        """Networks and volumes are released a moment after their last container: retry, bounded."""
+        import docker.errors
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                obj.remove()
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    @staticmethod
+    def _until_gone(listing, what: str) -> None:
+        deadline = time.monotonic() + REMOVE_TIMEOUT
+        while left := listing():
+            if time.monotonic() > deadline:
+                raise SwarmError(f"{what} were not removed within {REMOVE_TIMEOUT:.0f}s: {', '.join(left)}")
+            time.sleep(0.5)
+
+    # ----------------------------------------------------------- processes
+    def kill(self, target: str) -> None:
+        unit, rank = split_rank(self.check_target(target))
+        if rank is not None:
+            super().kill(target)
+            return
+        container = self._container(unit)
+        if container is not None and self._state(container) in ("running", "paused"):
+            self._killed[unit] = (container.id, time.time())
+            engine_retry(container.kill)()
+
+    def hold_down(self, target: str) -> None:
+        """Scale the service to 0: Swarm starts no new task until restart() scales it back."""
+        unit, rank = split_rank(self.check_target(target))
+        if rank is None and (service := self._service(unit)) is not None:
+            service.scale(0)
+
+    @engine_retry
+    def restart(self, target: str) -> str | None:
+        """Wait for Swarm's new task (scaling back to 1 after a kill with restart: false); when it ran."""
+        unit, rank = split_rank(self.check_target(target))
+        if rank is not None:
+            return super().restart(target)
+        service = self._service(unit)
+        if service is None:
+            raise UnknownTarget(f"{unit}: no service {self.stack}_{unit} in the swarm")
+        if service.attrs["Spec"]["Mode"].get("Replicated", {}).get("Replicas", 1) == 0:
+            service.scale(1)
+        self._wait_running([unit], RESTART_TIMEOUT)
+        task = self._running_task(unit)
+        killed_at = self._killed.pop(unit, (None, None))[1]
+        if task is None or killed_at is None:
+            return None
+        ran = _parse_time(task["Status"]["Timestamp"]) - killed_at
+        host = self.docker.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
+        return f"Swarm's new task running {max(ran, 0.0):.1f} s after the kill, on {host}"
+
+    def is_running(self, target: str) -> bool:
+        unit, rank = split_rank(self.check_target(target))
+        if rank is not None:
+            return super().is_running(target)
+        return self._running_task(unit) is not None
+
+    # ----------------------------------------------------------- networks
+    def disconnect(self, target: str) -> None:
+        """Cut the task's container off its overlay networks; refused with the engine's reason."""
+        import docker.errors
+        c = self._container(target)
+        if c is None or target in self._partitioned:
+            return
+        c.reload()
+        saved = {name: [a for a in (s.get("Aliases") or []) if a != c.id[:12]] or [target]
+                 for name, s in c.attrs["NetworkSettings"]["Networks"].items() if not name.endswith("_control")}
+        self._partitioned[target] = {"container": c.id, "networks": saved}  # type: ignore[dict-item]
+        self._write_partitions()
+        engine = self._engine(self._node_of(c))
+        for name in saved:
+            try:
+                engine.networks.get(name).disconnect(c, force=True)
+            except docker.errors.APIError as exc:
+                raise UnsupportedFault(f"swarm backend: the engine refused to disconnect {target} from {name} "
+                                       f"(partition mode 'network'): {exc.explanation or exc}") from exc
+
+    def connect(self, target: str) -> None:
+        import docker.errors
+        saved = self._partitioned.get(target)
+        if saved is None:
+            return
+        try:
+            engine = None
+            c = None
+            for task in self._tasks(split_rank(target)[0]):
+                cid = (task.get("Status", {}).get("ContainerStatus") or {}).get("ContainerID")
+                if cid == saved["container"]:
+                    engine = self._engine(task["NodeID"])
+                    c = engine.containers.get(cid)
+                    break
+            if c is not None and self._state(c) in ("running", "paused"):  # a new task has its networks already
+                attached = set(c.attrs["NetworkSettings"]["Networks"])
+                for name, aliases in saved["networks"].items():  # type: ignore[union-attr]
+                    if name not in attached:
+                        engine.networks.get(name).connect(c, aliases=aliases)
+        except docker.errors.NotFound:
+            pass
+        del self._partitioned[target]
+        self._write_partitions()
+
+    def _node_of(self, container) -> str:
+        return container.labels.get("com.docker.swarm.node.id", self._local_node())
+
+    def container_name(self, target: str) -> str | None:
+        c = self._container(target)
+        return c.name if c is not None else None

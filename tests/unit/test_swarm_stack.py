@@ -1,0 +1,148 @@
+"""The stack file rendered from compose.yaml, `chaos stack`, and the API relay: no Docker needed."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from chaos import forward
+from chaos.backends.compose_file import PROXY_BASE_PORT, load_services
+from chaos.backends.stack import Placement, render_stack
+from chaos.backends.swarm import _parse_time
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = [ROOT / "compose.yaml", ROOT / "compose.islands-toxiproxy.yaml"]
+
+
+def test_the_stack_runs_what_compose_runs() -> None:
+    compose = load_services(*FILES)
+    stack = render_stack(FILES, learners=3)
+    for name in ("syncer", "toxiproxy", "learner-1", "learner-2", "learner-3"):
+        svc = stack["services"][name]
+        for key in ("image", "command", "environment", "networks", "init"):
+            if key in compose[name]:
+                assert svc[key] == compose[name][key], f"{name}.{key} differs from compose.yaml"
+    assert stack["services"]["syncer"]["secrets"] == ["islands_secret"]
+    assert stack["secrets"] == yaml.safe_load((ROOT / "compose.yaml").read_text())["secrets"]
+
+
+def test_swarm_only_keys_are_added_and_compose_only_keys_dropped() -> None:
+    stack = render_stack(FILES, learners=2, placement=Placement(learners=("node.labels.islands.learners == true",)))
+    services = stack["services"]
+    assert stack["version"] == "3.8"
+    for name, svc in services.items():
+        assert "depends_on" not in svc and "ports" not in svc, name
+        deploy = svc["deploy"]
+        assert deploy["restart_policy"]["condition"] == "any", name   # Swarm brings a killed task back
+        assert deploy["endpoint_mode"] == "dnsrr", name                 # no IPVS needed
+    for role in ("syncer", "toxiproxy"):
+        assert services[role]["deploy"]["placement"]["constraints"] == ["node.labels.islands.syncer == true"]
+    assert services["learner-2"]["deploy"]["placement"]["constraints"] == ["node.labels.islands.learners == true"]
+    # A paused container must not be replaced as unhealthy; the proxy keeps its probe.
+    assert services["syncer"]["healthcheck"] == {"disable": True}
+    assert services["learner-1"]["healthcheck"] == {"disable": True}
+    assert services["toxiproxy"]["healthcheck"]["interval"] == "1s", "the override's probe lost compose.yaml's timing"
+    assert {n: s["driver"] for n, s in stack["networks"].items()} == {"control": "overlay", "links": "overlay",
+                                                                     "backplane": "overlay"}
+    assert stack["networks"]["control"]["attachable"] and stack["networks"]["links"]["internal"]
+
+
+def test_the_proxy_config_is_a_swarm_config_not_a_bind_mount() -> None:
+    stack = render_stack(FILES, learners=3)
+    proxy = stack["services"]["toxiproxy"]
+    assert "volumes" not in proxy
+    assert proxy["configs"] == [{"source": "toxiproxy_config", "target": "/config/toxiproxy.json"}]
+    assert Path(stack["configs"]["toxiproxy_config"]["file"]) == (ROOT / "docker" / "toxiproxy.json").resolve()
+
+
+def test_learners_beyond_compose_yaml_and_their_own_flags() -> None:
+    services = render_stack(FILES, learners=5, learner_args={2: ("--speed", "0.25")})["services"]
+    assert [n for n in services if n.startswith("learner-")] == [f"learner-{i}" for i in range(1, 6)]
+    for i in range(1, 6):
+        command = services[f"learner-{i}"]["command"]
+        assert command[command.index("--learner") + 1] == str(i)
+        assert command[command.index("--connect") + 1] == f"toxiproxy:{PROXY_BASE_PORT + i}"
+    assert services["learner-2"]["command"][-2:] == ["--speed", "0.25"]
+    assert "--speed" not in services["learner-3"]["command"]
+
+
+def test_a_compose_file_without_learners_is_refused_by_name(tmp_path: Path) -> None:
+    bad = tmp_path / "compose.yaml"
+    bad.write_text("services:\n  syncer: {image: x}\n  toxiproxy: {image: y}\n")
+    with pytest.raises(ValueError, match="defines no learner-N service"):
+        render_stack([bad], learners=1)
+
+
+def test_chaos_stack_prints_a_file_stack_deploy_reads(tmp_path: Path) -> None:
+    out = tmp_path / "stack.yaml"
+    done = subprocess.run([sys.executable, "-m", "chaos", "stack", "--learners", "4", "-o", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    assert "&id" not in text and "*id" not in text, "YAML anchors in a file meant for people"
+    assert sorted(yaml.safe_load(text)["services"]) == sorted(
+        ["syncer", "toxiproxy", "learner-1", "learner-2", "learner-3", "learner-4"])
+    bad = subprocess.run([sys.executable, "-m", "chaos", "stack", "--compose-file", str(tmp_path / "nope.yaml")],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--compose-file: no such file" in bad.stderr
+
+
+def test_docker_timestamps_parse_to_unix_seconds() -> None:
+    assert _parse_time("2026-12-02T08:31:02.123456789Z") == pytest.approx(1796200262.123456789)
+    assert _parse_time("2026-12-02T08:31:02Z") == 1796200262.0
+
+
+@pytest.mark.parametrize("bad", ["8474", "host:", ":80", "host:0", "host:65536", "host:http"])
+def test_relay_addresses_are_checked(bad: str) -> None:
+    with pytest.raises(Exception, match="expected HOST:PORT"):
+        forward.address(bad)
+
+
+def test_the_relay_carries_bytes_both_ways() -> None:
+    """An echo server behind the relay: what goes in comes back, through a second connection too."""
+    echo = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve_echo() -> None:
+        echo.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = echo.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                while data := conn.recv(65536):
+                    conn.sendall(data)
+
+    threading.Thread(target=serve_echo, daemon=True).start()
+    loop = asyncio.new_event_loop()
+    relay = forward.Relay(echo.getsockname())
+    server = loop.run_until_complete(asyncio.start_server(relay.handle, "127.0.0.1", 0))
+    port = server.sockets[0].getsockname()[1]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    try:
+        for payload in (b"GET /version HTTP/1.1\r\n\r\n", bytes(range(256)) * 1000):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
+                client.sendall(payload)
+                got = b""
+                while len(got) < len(payload):
+                    chunk = client.recv(65536)
+                    assert chunk, f"the relay closed after {len(got)} of {len(payload)} bytes"
+                    got += chunk
+                assert got == payload
+    finally:
+        async def shutdown() -> None:  # every connection's handler ends with its client
+            server.close()
+            others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            await asyncio.wait_for(asyncio.gather(*others, return_exceptions=True), 5)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        stop.set()
+        echo.close()
