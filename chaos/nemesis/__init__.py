@@ -32,6 +32,8 @@ What a backend (``chaos/backends/base.py``'s ``Cluster``) must implement for the
 nemeses here: the process primitives ``kill``, ``pause``, ``resume``, ``restart`` (which
 may return a note for the history), ``is_running`` and ``is_paused``; for partition mode
 ``network``, ``disconnect`` and ``connect`` (and ``supports_network_partitions = True``).
+``hold_down`` (a no-op by default) matters only to an engine that restarts what dies by
+itself (Swarm): it keeps a ``restart: false`` kill down.
 Links need a ``toxiproxy`` client and ``link_proxy``, which the base class provides.
 """
 from __future__ import annotations
