@@ -109,7 +109,8 @@ class SwarmCluster(ComposeCluster):
     def _all_engines(self) -> list:
         engines = [self.docker]
         for node in self.docker.nodes.list():
-            if node.attrs["Spec"].get("Labels", {}).get(ENGINE_LABEL) and node.id != self._local_node():
+            if node.attrs["Spec"].get("Labels", {}).get(ENGINE_LABEL) and node.id != self._local_node() \
+                    and node.attrs["Status"]["State"] == "ready":
                 try:
                     engines.append(self._engine(node.id))
                 except SwarmError:
@@ -131,10 +132,20 @@ class SwarmCluster(ComposeCluster):
             return []
         return sorted(service.tasks(), key=lambda t: t.get("Version", {}).get("Index", 0), reverse=True)
 
+    def _node_ready(self, node_id: str) -> bool:
+        """Whether the node answers its manager: a failed node's engine would only time out."""
+        if node_id == self._local_node():
+            return True
+        import docker.errors
+        try:
+            return self.docker.nodes.get(node_id).attrs["Status"]["State"] == "ready"
+        except docker.errors.NotFound:
+            return False
+
     def _task_container(self, task: dict):
         import docker.errors
         cid = (task.get("Status", {}).get("ContainerStatus") or {}).get("ContainerID")
-        if not cid:
+        if not cid or not self._node_ready(task.get("NodeID", "")):
             return None
         try:
             return self._engine(task["NodeID"]).containers.get(cid)
