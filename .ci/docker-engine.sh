@@ -18,7 +18,9 @@ ensure_engine() {
     fi
     if ! docker info >/dev/null 2>&1; then
         log "starting dockerd"
-        nohup dockerd >/tmp/islands-dockerd.log 2>&1 &
+        # A swarm task's start first tries to pull its image unless this is set; offline, or
+        # with a registry that only drops packets, each start would wait for that to fail.
+        DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd >/tmp/islands-dockerd.log 2>&1 &
         for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
         docker info >/dev/null 2>&1 || { tail -20 /tmp/islands-dockerd.log
                                          echo "error: dockerd did not answer within 60 s" >&2; return 1; }

@@ -25,19 +25,25 @@ __all__ = ["FATAL_REASONS", "TRANSIENT", "Address", "Link", "Refusal"]
 TRANSIENT = (OSError, FrameFault, wire.DeadlineExceeded, wire.PeerClosed)
 CONNECT_TIMEOUT = 3.0
 MIN_WIRE_RATE = 2_000_000  # bytes/s assumed when sizing a deadline for a large frame
-# TCP keepalive: a peer whose kernel stops answering (its address gone, say a container cut
-# off its network and reattached with a new one) is found dead after IDLE + INTERVAL x COUNT
-# seconds of silence, not at the end of a reply deadline sized for 64 MiB at MIN_WIRE_RATE.
-# The proxy's kernel answers probes while a toxic holds the data back, so a slow or
-# blackholed link is still judged by the request deadlines alone.
+# A peer whose kernel stops answering (its address gone, say a container cut off its network
+# and reattached with a new one) must be found within seconds, not at the end of a reply
+# deadline sized for 64 MiB at MIN_WIRE_RATE (37 s). Two kernel timers do it:
+# - TCP_USER_TIMEOUT: bytes we sent, still unacknowledged after the request timeout, fail
+#   the connection (a push written into a dead connection);
+# - keepalive: a silent connection (waiting for a reply, nothing unacknowledged) is probed
+#   after IDLE s, and fails after COUNT unanswered probes INTERVAL s apart.
+# The proxy's kernel acknowledges bytes and answers probes while a toxic holds the data back,
+# so a slow, delayed or blackholed link is still judged by the request deadlines alone.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 2, 1, 3
 
 
-def enable_keepalive(sock: socket.socket, idle: int = KEEPALIVE_IDLE, interval: int = KEEPALIVE_INTERVAL,
-                     count: int = KEEPALIVE_COUNT) -> None:
-    """Probe a silent connection, and fail it (ETIMEDOUT) when the peer's kernel is gone."""
+def detect_dead_peers(sock: socket.socket, unacknowledged_for: float, idle: int = KEEPALIVE_IDLE,
+                      interval: int = KEEPALIVE_INTERVAL, count: int = KEEPALIVE_COUNT) -> None:
+    """Fail the connection (ETIMEDOUT) when the peer's kernel is gone, busy or idle."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count)):
+    options = (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", interval), ("TCP_KEEPCNT", count),
+               ("TCP_USER_TIMEOUT", max(1, int(unacknowledged_for * 1000))))
+    for option, value in options:
         if hasattr(socket, option):  # Linux; elsewhere the system's defaults apply
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
@@ -115,7 +121,7 @@ class Link:
     def _handshake(self, want_params: bool) -> wire.Frame:
         sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        enable_keepalive(sock)
+        detect_dead_peers(sock, unacknowledged_for=self.request_timeout)
         try:
             channel = wire.Channel.connect(sock, self.secret, self.deadline_for(0))
             self.bytes_up += wire.HANDSHAKE.size

@@ -341,15 +341,18 @@ class SwarmCluster(ComposeCluster):
             time.sleep(POLL)
 
     def _save_logs(self) -> None:
+        """Every task's container log, oldest task first, one file per unit. Not the service's
+        log stream: the engine's `service logs` can hang once the service is scaled to 0."""
         for unit in [*self.units(), "toxiproxy"]:
-            service = self._service(unit)
-            if service is None:
-                continue
-            try:
-                text = b"".join(service.logs(stdout=True, stderr=True, timestamps=False))
-                (self.run_dir / "logs" / f"{unit}.log").write_bytes(text)
-            except Exception:  # noqa: BLE001 - logs are a convenience
-                pass
+            parts = []
+            for task in reversed(self._tasks(unit)):
+                try:
+                    if (container := self._task_container(task)) is not None:
+                        parts.append(container.logs(stdout=True, stderr=True, timestamps=False))
+                except Exception:  # noqa: BLE001 - logs are a convenience
+                    continue
+            if parts:
+                (self.run_dir / "logs" / f"{unit}.log").write_bytes(b"".join(parts))
 
     def _remove_stack(self) -> list[str]:
         """Remove everything labelled with this stack, on every engine, and wait until it is gone."""
