@@ -120,12 +120,14 @@ def test_the_relay_carries_bytes_both_ways() -> None:
                 while data := conn.recv(65536):
                     conn.sendall(data)
 
-    threading.Thread(target=serve_echo, daemon=True).start()
+    echo_thread = threading.Thread(target=serve_echo, daemon=True)
+    echo_thread.start()
     loop = asyncio.new_event_loop()
     relay = forward.Relay(echo.getsockname())
     server = loop.run_until_complete(asyncio.start_server(relay.handle, "127.0.0.1", 0))
     port = server.sockets[0].getsockname()[1]
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    loop_thread = threading.Thread(target=loop.run_forever, daemon=True)
+    loop_thread.start()
     try:
         for payload in (b"GET /version HTTP/1.1\r\n\r\n", bytes(range(256)) * 1000):
             with socket.create_connection(("127.0.0.1", port), timeout=5) as client:
@@ -144,5 +146,8 @@ def test_the_relay_carries_bytes_both_ways() -> None:
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
+        loop_thread.join(5)
+        loop.close()
         stop.set()
+        echo_thread.join(5)  # out of accept() before its socket closes under it
         echo.close()
