@@ -88,6 +88,7 @@ TASK_MOUNT = "/islands/task"  # where every container sees the user's task folde
 
 class ComposeCluster(Cluster):
     backend_name = "compose"
+    partitions_file = PARTITIONS_FILE  # the containers a network partition cut off, for a look after a crash
 
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, project: str | None = None,
                  compose_file: str | os.PathLike | None = None, **settings) -> None:
@@ -462,7 +463,7 @@ class ComposeCluster(Cluster):
         self._write_partitions()
 
     def _write_partitions(self) -> None:
-        (self.run_dir / PARTITIONS_FILE).write_text(json.dumps(self._partitioned))
+        (self.run_dir / self.partitions_file).write_text(json.dumps(self._partitioned))
 
     def _reconnect_all(self) -> list[str]:
         done = []

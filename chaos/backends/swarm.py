@@ -73,6 +73,7 @@ def _dump(document: dict) -> str:
 
 class SwarmCluster(ComposeCluster):
     backend_name = "swarm"
+    partitions_file = "swarm-partitions.json"
 
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, stack: str | None = None,
                  compose_file: str | os.PathLike | None = None, **settings) -> None:
