@@ -89,6 +89,7 @@ TASK_MOUNT = "/islands/task"  # where every container sees the user's task folde
 class ComposeCluster(Cluster):
     backend_name = "compose"
     partitions_file = PARTITIONS_FILE  # the containers a network partition cut off, for a look after a crash
+    project_noun, project_env = "compose project", PROJECT_ENV  # what claim_project holds, and its variable
 
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, project: str | None = None,
                  compose_file: str | os.PathLike | None = None, **settings) -> None:
@@ -162,14 +163,14 @@ class ComposeCluster(Cluster):
         so it ends with its process however that ends."""
         if self._project_hold is not None:
             return
-        path = islands_home() / "compose" / f"{self.project_name}.lock"
+        path = islands_home() / self.backend_name / f"{self.project_name}.lock"
         self._project_hold = hold(path, {"pid": os.getpid(), "start": proc_start_time(os.getpid()),
                                          "run_dir": str(self.run_dir)})
         if self._project_hold is None:
             other = holder(path)
-            raise ClusterBusy(f"compose project {self.project_name!r} is in use by another run (pid "
+            raise ClusterBusy(f"{self.project_noun} {self.project_name!r} is in use by another run (pid "
                               f"{other.get('pid', '?')}, run dir {other.get('run_dir', '?')}); wait for it to "
-                              f"end, or give this run a project of its own with ${PROJECT_ENV}")
+                              f"end, or give this run one of its own with ${self.project_env}")
 
     def release_project(self) -> None:
         if self._project_hold is not None:

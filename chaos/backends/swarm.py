@@ -33,12 +33,9 @@ import yaml
 from trainer.runspec import RunSpec
 
 from ..client import ToxiproxyClient
-from ..filelock import hold, holder
-from ..processes import islands_home, proc_start_time
 from .base import UnknownTarget, UnsupportedFault
 from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
 from .compose_cli import ComposeError
-from .compose_guard import ClusterBusy
 from .ranks import split_rank
 from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, render_stack
 
@@ -74,6 +71,7 @@ def _dump(document: dict) -> str:
 class SwarmCluster(ComposeCluster):
     backend_name = "swarm"
     partitions_file = "swarm-partitions.json"
+    project_noun, project_env = "swarm stack", STACK_ENV
 
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, stack: str | None = None,
                  compose_file: str | os.PathLike | None = None, **settings) -> None:
@@ -154,23 +152,18 @@ class SwarmCluster(ComposeCluster):
             return None
 
     def _container(self, target: str):
+        return self._container_of(split_rank(self.check_target(target))[0])
+
+    def _container_of(self, unit: str):
         """The container of the unit's newest task that has one (running, or the last one stopped)."""
-        unit = split_rank(self.check_target(target))[0]
         for task in self._tasks(unit):
-            container = self._task_container(task)
-            if container is not None:
-                return container
+            if (c := self._task_container(task)) is not None:
+                return c
         return None
 
     def _containers(self, service: str | None = None, all: bool = True) -> list:
         units = [service] if service else self.units() + ["toxiproxy"]
         return [c for u in units if (c := self._container_of(u)) is not None]
-
-    def _container_of(self, unit: str):
-        for task in self._tasks(unit):
-            if (c := self._task_container(task)) is not None:
-                return c
-        return None
 
     def _running_task(self, unit: str) -> dict | None:
         """The task Swarm runs for the unit now, not the one the last kill took down."""
@@ -194,18 +187,6 @@ class SwarmCluster(ComposeCluster):
         return out
 
     # ----------------------------------------------------------- lifecycle
-    def claim_project(self) -> None:
-        if self._project_hold is not None:
-            return
-        path = islands_home() / "swarm" / f"{self.stack}.lock"
-        self._project_hold = hold(path, {"pid": os.getpid(), "start": proc_start_time(os.getpid()),
-                                         "run_dir": str(self.run_dir)})
-        if self._project_hold is None:
-            other = holder(path)
-            raise ClusterBusy(f"swarm stack {self.stack!r} is in use by another run (pid {other.get('pid', '?')}, "
-                              f"run dir {other.get('run_dir', '?')}); wait for it to end, or give this run a stack "
-                              f"of its own with ${STACK_ENV}")
-
     def preflight(self) -> None:
         """Refuse without a swarm this engine manages, without the image, or while another run
         holds the stack."""
@@ -489,7 +470,3 @@ class SwarmCluster(ComposeCluster):
 
     def _node_of(self, container) -> str:
         return container.labels.get("com.docker.swarm.node.id", self._local_node())
-
-    def container_name(self, target: str) -> str | None:
-        c = self._container(target)
-        return c.name if c is not None else None

@@ -151,3 +151,22 @@ def test_the_relay_carries_bytes_both_ways() -> None:
         stop.set()
         echo_thread.join(5)  # out of accept() before its socket closes under it
         echo.close()
+
+
+def test_one_run_holds_a_stack_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start removes what its stack holds: a second run of the same stack must be refused,
+    naming the first, and get it once the first lets go."""
+    from chaos.backends.compose_guard import ClusterBusy
+    from chaos.backends.swarm import SwarmCluster
+
+    monkeypatch.setenv("ISLANDS_HOME", str(tmp_path / "home"))
+    first, second = SwarmCluster(tmp_path / "first", stack="s1"), SwarmCluster(tmp_path / "second", stack="s1")
+    first.claim_project()
+    with pytest.raises(ClusterBusy, match=r"swarm stack 's1' is in use by another run .*ISLANDS_SWARM_STACK"):
+        second.claim_project()
+    other = SwarmCluster(tmp_path / "other", stack="s2")
+    other.claim_project()  # another stack is free
+    other.release_project()
+    first.release_project()
+    second.claim_project()
+    second.release_project()
