@@ -14,8 +14,7 @@ from trainer.argtypes import positive_int
 
 from .backends.compose_cli import ComposeError, find_compose_file
 from .backends.compose import OVERRIDE_FILE
-from .backends.stack import LEARNERS_LABEL, Placement, render_stack
-from .backends.swarm import _dump
+from .backends.stack import LEARNERS_LABEL, Placement, dump_stack, render_stack
 
 EPILOG = """\
 then, on a swarm manager, with the syncer's node labelled (docker node update --label-add islands.syncer=true NODE):
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     files = [compose_file] + ([compose_file.parent / OVERRIDE_FILE] if args.toxiproxy == "islands" else [])
     placement = Placement(learners=(f"node.labels.{LEARNERS_LABEL} == true",) if args.spread_learners else ())
     try:
-        text = _dump(render_stack(files, args.learners, placement=placement))
+        text = dump_stack(render_stack(files, args.learners, placement=placement))
     except (ValueError, OSError) as exc:
         parser.error(f"--compose-file: {exc}")
     if args.output:

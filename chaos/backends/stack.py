@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from .compose_file import defined_learners, learner_command, load_services
 
 STACK_FORMAT = "3.8"  # the newest format the Debian docker.io 20.10 client reads as well
@@ -127,5 +129,12 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
 
 
 def yaml_document(path: Path) -> dict:
-    import yaml
     return yaml.safe_load(Path(path).read_text()) or {}
+
+
+def dump_stack(document: dict) -> str:
+    """The stack as a file for people: no &id001 anchors where services share a value."""
+    class NoAliases(yaml.SafeDumper):
+        def ignore_aliases(self, data) -> bool:
+            return True
+    return yaml.dump(document, Dumper=NoAliases, sort_keys=False)

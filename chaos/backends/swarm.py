@@ -28,7 +28,6 @@ import os
 import subprocess
 import time
 
-import yaml
 
 from trainer.runspec import RunSpec
 
@@ -37,7 +36,7 @@ from .base import UnknownTarget, UnsupportedFault
 from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
 from .compose_cli import ComposeError
 from .ranks import split_rank
-from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, render_stack
+from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, dump_stack, render_stack
 
 STACK_ENV = "ISLANDS_SWARM_STACK"
 DEFAULT_STACK = "islands-chaos"
@@ -59,13 +58,6 @@ def _parse_time(stamp: str) -> float:
     """Docker's RFC 3339 timestamp (nanoseconds, Z) as Unix seconds."""
     whole, _, frac = stamp.rstrip("Z").partition(".")
     return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{frac or 0}")
-
-
-def _dump(document: dict) -> str:
-    class NoAliases(yaml.SafeDumper):
-        def ignore_aliases(self, data) -> bool:  # a file for people: no &id001 anchors
-            return True
-    return yaml.dump(document, Dumper=NoAliases, sort_keys=False)
 
 
 class SwarmCluster(ComposeCluster):
@@ -227,7 +219,7 @@ class SwarmCluster(ComposeCluster):
         files = self._service_files()
         env = self._compose_env()
         stack_file = self.run_dir / "stack.yaml"
-        stack_file.write_text(_dump(render_stack(files, self.learners, self.spec.learner_args, self.placement())))
+        stack_file.write_text(dump_stack(render_stack(files, self.learners, self.spec.learner_args, self.placement())))
         self._deployed = True
         self._cli("stack", "deploy", "--resolve-image", "never", "--prune", "-c", str(stack_file), self.stack,
                   env=env, timeout=START_TIMEOUT)
