@@ -26,11 +26,14 @@ def _history(run_dir: Path) -> list[dict]:
 
 
 def _fault_window(run_dir: Path, kind: str) -> tuple[float, float]:
-    """Monotonic times at which the controller started and stopped the one `kind` fault."""
+    """Monotonic times between which the one `kind` fault was surely in force: from the end
+    of its start action to the beginning of its stop action. A history entry is written
+    when its action is done, so the stop's own time is up to `took` after the SIGCONT (CI saw
+    a resumed rank step 7 ms before the entry)."""
     h = _history(run_dir)
     start = next(e for e in h if e["event"] == "start" and e["kind"] == kind and e["ok"])
     stop = next(e for e in h if e["event"] == "stop" and e["kind"] == kind and e["ok"])
-    return start["t"], stop["t"]
+    return start["t"], stop["t"] - stop["took"]
 
 
 def _assert_ranks_agree(events: list[dict], learner: int) -> None:
