@@ -314,16 +314,7 @@ class ComposeCluster(Cluster):
             self.release_project()
             return
         try:
-            if self.toxiproxy is not None:
-                for proxy in self.link_proxies():
-                    try:
-                        self.toxiproxy.clear(proxy)
-                    except Exception:  # noqa: BLE001 - stopping goes on whatever the proxy says
-                        pass
-            self._reconnect_all()
-            for c in self._containers():
-                if c.status == "paused":
-                    c.unpause()
+            self._heal_before_stopping()
             learners = [f"learner-{i}" for i in range(1, self.learners + 1)]
             self.compose.run("stop", "-t", str(STOP_TIMEOUT), *learners, timeout=120, check=False)
             self.compose.run("stop", "-t", str(STOP_TIMEOUT), "syncer", "toxiproxy", timeout=120, check=False)
@@ -335,6 +326,20 @@ class ComposeCluster(Cluster):
                     self.compose.run("down", "-v", "--remove-orphans", "-t", "2", timeout=120, check=False)
             finally:
                 self.release_project()
+
+    def _heal_before_stopping(self) -> None:
+        """Toxics off, networks back, containers thawed: every process can stop cleanly,
+        learners pushing what they have left. Best effort: stopping goes on regardless."""
+        if self.toxiproxy is not None:
+            for proxy in self.link_proxies():
+                try:
+                    self.toxiproxy.clear(proxy)
+                except Exception:  # noqa: BLE001 - stopping goes on whatever the proxy says
+                    pass
+        self._reconnect_all()
+        for c in self._containers():
+            if self._state(c) == "paused":
+                c.unpause()
 
     def _log_tail(self, service: str, lines: int = 15) -> str:
         """The last lines a service's container wrote (its own error, e.g. a refused flag)."""

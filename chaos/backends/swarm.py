@@ -283,16 +283,7 @@ class SwarmCluster(ComposeCluster):
             self.release_project()
             return
         try:
-            if self.toxiproxy is not None:
-                for proxy in self.link_proxies():
-                    try:
-                        self.toxiproxy.clear(proxy)
-                    except Exception:  # noqa: BLE001 - stopping goes on whatever the proxy says
-                        pass
-            self._reconnect_all()
-            for c in self._containers():
-                if self._state(c) == "paused":
-                    c.unpause()
+            self._heal_before_stopping()
             self._scale_down([f"learner-{i}" for i in range(1, self.learners + 1)])
             self._scale_down(["syncer", "toxiproxy"])
             self._save_logs()
