@@ -269,7 +269,7 @@ class Pusher:
             pulled = time.monotonic()
             self.version = max(self.version, int(reply.header["version"]))
         return {"learner": self.learner, "status": status, "push_started": started, "acked": acked,
-                "version_seen": seen, "pulled": pulled, "push_bytes": len(frame)}
+                "version_seen": seen, "pulled": pulled, "push_bytes": frame.wire_size}
 
     def run(self, c: Conductor) -> None:
         last = 0
