@@ -1,0 +1,68 @@
+"""Decoupled DiLoCo at scale, as Islands implements it: a failure costs only its learner.
+
+Per learner, independently (nothing a learner does waits for another):
+  * a failure kills the learner; the steps it made since it last pushed each fragment are
+    lost (Islands' learner keeps them in memory only). Fragment f is pushed at steps
+    (f+1)·H/P + k·H after a (re)start (trainer/fragments.py), so the loss is the mean over
+    fragments of the steps since that fragment's last push: H/2 on average, any P;
+  * the learner is then out for its outage (detection + restart, state fetch, rejoin);
+    failures of its chips meanwhile join that recovery;
+  * it comes back with the current global state, so it never pushes stale work.
+The syncer merges with min(K, live) reporters (trainer/syncer.py, _effective_quorum): global
+progress stops only while no learner is live, reported as `global_downtime_s`. A dead
+learner the syncer has not yet noticed holds a merge that needs it for at most
+min(grace, detection): `quorum_wait_s`, time to merge, never tokens, since learners never
+wait for merges.
+"""
+from __future__ import annotations
+
+from .failures import Failures, draws
+from .inputs import ScaleInputs
+from .result import SystemResult
+
+
+def unpushed_steps(steps: float, sync_every: int, fragments: int) -> float:
+    """Mean over fragments of the steps since each was last pushed, `steps` after a start."""
+    stride = sync_every // fragments
+    total = 0.0
+    for f in range(fragments):
+        first = (f + 1) * stride
+        total += steps if steps < first else (steps - first) % sync_every
+    return total / fragments
+
+
+def _downtime(intervals: list[tuple[float, float]], learners: int) -> float:
+    """Seconds during which every learner was out at once."""
+    edges = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals])
+    out, since, total = 0, 0.0, 0.0
+    for t, step in edges:
+        if out == learners:
+            total += t - since
+        out += step
+        since = t
+    return total
+
+
+def simulate_decoupled(failures: Failures, inp: ScaleInputs, duration: float) -> SystemResult:
+    result = SystemResult(seconds=duration, capacity=inp.learners * duration)
+    outages = draws(inp.learner_outage, len(failures.times), inp.seed, "decoupled")
+    resumed = [0.0] * inp.learners
+    down_until = [0.0] * inp.learners
+    intervals: list[tuple[float, float]] = []
+    absorbed = quorum_wait = 0.0
+    needs_dead = inp.quorum == 0 or inp.quorum >= inp.learners
+    wait = min(inp.grace, inp.detection.mean())
+    for k, (t, j) in enumerate(zip(failures.times, failures.learners)):
+        if t < down_until[j]:
+            absorbed += 1
+            continue
+        steps = (t - resumed[j]) / inp.step_time
+        result.lost["lost_with_learner"] += unpushed_steps(steps, inp.sync_every, inp.fragments) * inp.step_time
+        end = t + outages[k]
+        result.lost["recovery"] += min(end, duration) - t
+        intervals.append((t, min(end, duration)))
+        down_until[j] = resumed[j] = end
+        quorum_wait += wait if needs_dead else 0.0
+    result.info = {"failures": len(failures.times), "absorbed": int(absorbed),
+                   "global_downtime_s": _downtime(intervals, inp.learners), "quorum_wait_s": quorum_wait}
+    return result
