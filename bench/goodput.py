@@ -294,7 +294,7 @@ def held_down(history: list[dict], start: float, end: float) -> dict[int, float]
 
 
 def available_goodput(events: list[dict], history: list[dict], summary: dict,
-                      window: tuple[float, float]) -> dict:
+                      window: tuple[float, float], learners: int = LEARNERS) -> dict:
     """Goodput over the capacity the schedule left, in the schedule's window (the
     controller's `begin`, after every learner has stepped, to its final heal): the tokens
     merged in the window ÷ Σ over learners of its fault-free rate × (window − the seconds
@@ -315,9 +315,9 @@ def available_goodput(events: list[dict], history: list[dict], summary: dict,
                 "goodput_cap": None}
     down = held_down(history, start, end)
     mean_rate = sum(rates.values()) / len(rates)
-    learners = range(1, LEARNERS + 1)
-    full = sum(rates.get(i, mean_rate) for i in learners) * seconds
-    available = sum(rates.get(i, mean_rate) * max(0.0, seconds - down.get(i, 0.0)) for i in learners)
+    units = range(1, learners + 1)
+    full = sum(rates.get(i, mean_rate) for i in units) * seconds
+    available = sum(rates.get(i, mean_rate) * max(0.0, seconds - down.get(i, 0.0)) for i in units)
     merged = sum(event_merged_tokens(e) for e in events if start <= float(e["t"]) <= end)
     return {"goodput_available": round(merged / available, 4) if available > 0 else None,
             "capacity_available_tokens": round(available, 1),
@@ -457,7 +457,7 @@ def step_time_flags(step_time: float) -> list[str]:
     return ["--step-time", repr(step_time)] if step_time > 0 else []
 
 
-def eval_config(trainer_args: list[str]):
+def eval_config(trainer_args: list[str], learners: int = LEARNERS):
     """The TrainConfig `python -m trainer eval` would build for this model (batch size 16,
     so torchft's parameters are scored on exactly the held-out windows Islands' are)."""
     from trainer.cli_args import add_common_args, add_syncer_args, add_train_args, train_config
@@ -466,20 +466,20 @@ def eval_config(trainer_args: list[str]):
     add_common_args(parser)
     add_train_args(parser)
     add_syncer_args(parser)
-    train = train_config(parser.parse_args(trainer_args), parser, LEARNERS)
+    train = train_config(parser.parse_args(trainer_args), parser, learners)
     return TrainConfig(model=train.model, seed=train.seed, fragments=1)
 
 
 def common_row(system: str, events: list[dict], history: list[dict], summary: dict,
-               threshold: float = GAP_THRESHOLD) -> dict:
+               threshold: float = GAP_THRESHOLD, learners: int = LEARNERS) -> dict:
     from trainer.metrics import summarize
-    summary = summary or summarize(events, LEARNERS)
+    summary = summary or summarize(events, learners)
     start, end = schedule_window(history, events)
     applied = [h for h in history if h.get("event") == "start" and h.get("ok")]
     return {
         "system": system,
         "goodput": summary.get("goodput"),
-        **available_goodput(events, history, summary, (start, end)),
+        **available_goodput(events, history, summary, (start, end), learners),
         "tokens_processed": summary.get("tokens_processed"),
         "tokens_merged": summary.get("tokens_merged"),
         "capacity_tokens": summary.get("capacity_tokens"),
@@ -500,18 +500,18 @@ def common_row(system: str, events: list[dict], history: list[dict], summary: di
 
 def run_islands(mode: str, schedule: Schedule, run_dir: Path, duration: float,
                 threshold: float = GAP_THRESHOLD, step_time: float = 0.0, warm_spares: int = 0,
-                adopt: str = "mix") -> dict:
+                adopt: str = "mix", learners: int = LEARNERS) -> dict:
     from chaos.checkers import not_passed
     from chaos.controller import HISTORY_FILE, read_history
     from chaos.runner import run_schedule
     from trainer.events import read_events
 
-    result = run_schedule(schedule, run_dir, backend="local", learners=LEARNERS, duration=duration, mode=mode,
+    result = run_schedule(schedule, run_dir, backend="local", learners=learners, duration=duration, mode=mode,
                           data=DATA, trainer_args=FAST_TRAINER_ARGS + (["--adopt", adopt] if mode == "decoupled" else []),
-                          evaluate=True, learner_args={i: step_time_flags(step_time) for i in range(1, LEARNERS + 1)},
+                          evaluate=True, learner_args={i: step_time_flags(step_time) for i in range(1, learners + 1)},
                           warm_spares=warm_spares, reference="off")  # the bench compares losses itself
     events = read_events(run_dir)
-    row = common_row(mode, events, read_history(run_dir / HISTORY_FILE), result.summary, threshold)
+    row = common_row(mode, events, read_history(run_dir / HISTORY_FILE), result.summary, threshold, learners)
     failed = result.document["failed"]
     row.update({
         "final_loss": result.summary.get("final_loss"),
@@ -550,7 +550,8 @@ def torchft_final_loss(params_dir: Path) -> dict:
 
 
 def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path,
-                threshold: float = GAP_THRESHOLD, step_time: float = 0.0, warm_spares: int = 0) -> dict:
+                threshold: float = GAP_THRESHOLD, step_time: float = 0.0, warm_spares: int = 0,
+                learners: int = LEARNERS) -> dict:
     from bench.peers.torchft_cluster import TorchftCluster, net_merged_tokens, report
     from chaos.controller import HISTORY_FILE, Controller, History, read_history
     from trainer.events import read_events
@@ -561,14 +562,14 @@ def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path
     kills_only.dump(run_dir / "schedule.yaml")
     params_dir = run_dir / "final-params"
     h = int(FAST_TRAINER_ARGS[FAST_TRAINER_ARGS.index("--sync-every") + 1])
-    cluster = TorchftCluster(run_dir, groups=LEARNERS, sync_every=h, data=DATA, trainer_args=FAST_TRAINER_ARGS,
+    cluster = TorchftCluster(run_dir, groups=learners, sync_every=h, data=DATA, trainer_args=FAST_TRAINER_ARGS,
                              python=python, peer_args=["--final-params-dir", str(params_dir), *step_time_flags(step_time)],
                              warm_spares=warm_spares)
     problems = cluster.unsupported(kills_only)
     if problems:
         raise ValueError("; ".join(problems))
     (run_dir / "run.json").write_text(json.dumps({
-        "backend": "torchft", "learners": LEARNERS, "mode": "torchft-diloco", "data": DATA,
+        "backend": "torchft", "learners": learners, "mode": "torchft-diloco", "data": DATA,
         "trainer_args": FAST_TRAINER_ARGS, "seed": schedule.seed, "duration": duration}, indent=2))
     history = History(run_dir / HISTORY_FILE)
     try:
@@ -581,11 +582,11 @@ def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path
         finally:
             history.close()
     events = read_events(run_dir)
-    summary = summarize(events, LEARNERS)
-    row = common_row("torchft", events, read_history(run_dir / HISTORY_FILE), summary, threshold)
+    summary = summarize(events, learners)
+    row = common_row("torchft", events, read_history(run_dir / HISTORY_FILE), summary, threshold, learners)
     net = net_merged_tokens(events)
     capacity = summary.get("capacity_tokens") or 0
-    rep = report(events, LEARNERS)
+    rep = report(events, learners)
     skipped = [f.kind for f in schedule.faults if f.kind not in ("kill", "pause")]
     row.update({
         "net_goodput": round(net / capacity, 4) if capacity else None,
@@ -608,7 +609,7 @@ def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path
 
 
 # --------------------------------------------------------------------------- plot
-def plot_system(row: dict, run_dir: Path, path: Path) -> None:
+def plot_system(row: dict, run_dir: Path, path: Path, learners: int = LEARNERS) -> None:
     """Fault windows per target over the throughput, the global-downtime gaps marked."""
     import matplotlib
     matplotlib.use("Agg")
@@ -620,7 +621,7 @@ def plot_system(row: dict, run_dir: Path, path: Path) -> None:
     run = load_run(run_dir)
     start = row["window"][0]
     windows = [w for w in fault_windows(run) if w.start is not None]
-    targets = sorted({f"learner-{i}" for i in range(1, LEARNERS + 1)}
+    targets = sorted({f"learner-{i}" for i in range(1, learners + 1)}
                      | {t.split("/", 1)[0] for w in windows for t in w.targets}, key=target_key)
     ys = {t: len(targets) - 1 - k for k, t in enumerate(targets)}
     fig = Figure(figsize=(13, 6.5), dpi=110, layout="constrained")
