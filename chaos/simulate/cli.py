@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from faults import Schedule, ScheduleError
 from trainer.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 
 from .dists import SPEC_FORMS, Dist, Empirical
@@ -231,24 +232,25 @@ def _overrides(args: argparse.Namespace) -> dict[str, object]:
     return out
 
 
-def _predict(schedule, inp: RunInputs, repeats: int) -> dict:
-    """The mean over `repeats` seeds (which kill draws which restart time moves a few points)."""
+def _predict(schedule: Schedule, inp: RunInputs, repeats: int) -> dict:
+    """The mean over `repeats` seeds (which kill draws which restart time moves a few points),
+    with the write-up's measure beside it: merged under the schedule / merged by a fault-free twin."""
+    twin = predict_schedule(Schedule(seed=schedule.seed, faults=(), learners=schedule.learners), inp)
     runs = [predict_schedule(schedule, dataclasses.replace(inp, seed=inp.seed + k)) for k in range(repeats)]
     doc = runs[0].to_json()
     doc.update(goodput=round(statistics.mean(r.goodput for r in runs), 6),
                goodput_all=round(statistics.mean(r.info["goodput_all"] for r in runs), 6),
                goodput_range=[round(min(r.goodput for r in runs), 6), round(max(r.goodput for r in runs), 6)],
+               merged_vs_fault_free=round(statistics.mean(r.info["merged_learner_s"] for r in runs)
+                                          / twin.info["merged_learner_s"], 6),
                lost={k: round(statistics.mean(r.fractions()[k] for r in runs), 6) for k in LOSSES},
                seeds=[inp.seed, inp.seed + repeats - 1],
-               inputs={k: (v.spec() if hasattr(v, "spec") else v) for k, v in dataclasses.asdict(inp).items()})
-    doc["inputs"].update(detection=inp.detection.spec(), recovery=inp.recovery.spec())
+               inputs={k: (v.spec() if hasattr(v, "spec") else v) for k, v in vars(inp).items()})
     return doc
 
 
-def schedule_inputs(args: argparse.Namespace) -> tuple[object, RunInputs, dict[str, float], RunInputs | None]:
+def schedule_inputs(args: argparse.Namespace) -> tuple[Schedule, RunInputs, dict[str, float], RunInputs | None]:
     """(schedule, inputs, measured goodput, inputs with the run's own measured restarts and pace)."""
-    from faults import Schedule
-
     over = _overrides(args)
     if args.schedule:
         schedule = Schedule.load(args.schedule)
@@ -263,12 +265,10 @@ def schedule_inputs(args: argparse.Namespace) -> tuple[object, RunInputs, dict[s
             raise ValueError(f"--measured: {run.note}")
         restarts = Empirical(measured_restarts(run.run_dir), f"restarts of {run.run_dir}")
         own = dataclasses.replace(inp, recovery=restarts, pace=measured_pace(run.run_dir, run.rates))
-    return run.schedule, inp, run.measured.get("decoupled", {}), own
+    return run.schedule, inp, run.measured, own
 
 
 def run_schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from faults import ScheduleError
-
     source = "--from-run" if args.from_run else "--schedule"
     try:
         schedule, inp, measured, own = schedule_inputs(args)
@@ -300,12 +300,13 @@ def run_schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> i
           f"grace {inp.grace:g} s, max staleness {inp.max_staleness}; mean of {repeats} seeds from {inp.seed}\n")
     shown = [k for k in LOSSES if any(r["lost"][k] for _, r in rows)]
     head = ["decoupled", "goodput, available capacity (seed range)", "goodput, all capacity",
-            *(f"lost: {k}" for k in shown)]
+            "merged / fault-free twin", *(f"lost: {k}" for k in shown)]
     table = [[name, f"{pct(r['goodput'])} ({pct(r['goodput_range'][0])} .. {pct(r['goodput_range'][1])})",
-              pct(r["goodput_all"]), *(pct(r["lost"][k]) for k in shown)] for name, r in rows]
+              pct(r["goodput_all"]), pct(r["merged_vs_fault_free"]), *(pct(r["lost"][k]) for k in shown)]
+             for name, r in rows]
     if measured:
         table.append([f"measured ({args.from_run})", pct(measured.get("goodput_available")),
-                      pct(measured.get("goodput")), *([""] * len(shown))])
+                      pct(measured.get("goodput")), pct(measured.get("merged_ratio")), *([""] * len(shown))])
     print(grid(head, table))
     print("\nlosses: fractions of the available capacity (the window less the seconds the schedule held each "
           "learner killed)")

@@ -1,9 +1,10 @@
 """A recorded goodput benchmark as simulator input: its schedule, settings and measurements.
 
-bench/goodput.py writes one JSON per run: `schedule` (faults.Schedule.to_dict), `config`
-(learners, duration, step_time, trainer_args...) and `systems` (per system the measured
-goodput_available, goodput, learner_rates_tokens_per_s and run_dir). Any learner count
-works: the schedule and `config.learners` size the simulated cluster.
+bench/goodput.py (and bench/goodput_scale.py) write one JSON per run: `schedule`
+(faults.Schedule.to_dict), `config` (learners, duration, step_time, trainer_args...) and
+`systems` (per system the measured goodput_available, goodput, learner_rates_tokens_per_s,
+summary and run_dir). Islands decoupled's row is `decoupled` in the first and `chaos` in the
+second. Any learner count works: the schedule and `config.learners` size the cluster.
 
 From the run's directory (`systems.decoupled.run_dir`: history.jsonl and
 events/learner-*.jsonl) two measured inputs can be taken:
@@ -26,6 +27,7 @@ from .dists import Dist, Empirical, parse_dist
 from .scheduled import RunInputs
 
 UP_GAP = 1.0  # steps further apart than this are a learner down, not a slow step
+DECOUPLED_ROWS = ("decoupled", "chaos")  # bench/goodput.py, bench/goodput_scale.py
 # trainer_args flags that set a RunInputs field (defaults: trainer/config.py, as RunInputs).
 TRAINER_FLAGS = {"--sync-every": ("sync_every", int), "--fragments": ("fragments", int),
                  "--quorum": ("quorum", int), "--grace": ("grace", float),
@@ -39,7 +41,7 @@ class RunFile:
     path: Path
     schedule: Schedule
     settings: dict[str, object]           # RunInputs fields the run's JSON sets
-    measured: dict[str, dict[str, float]]  # system -> goodput_available, goodput
+    measured: dict[str, float]             # Islands decoupled's goodput_available, goodput (, merged_ratio)
     run_dir: Path | None                   # the decoupled system's run directory, if it is here and this run's
     rates: dict[int, float]                # learner -> credited tokens/s
     note: str                              # why run_dir is None, if it is
@@ -76,9 +78,11 @@ def load_run(path: str | Path) -> RunFile:
     trainer_args = config.get("trainer_args") or []
     settings.update(_flags(shlex.split(trainer_args) if isinstance(trainer_args, str) else list(trainer_args)))
     systems = doc.get("systems") or {}
-    measured = {name: {k: row[k] for k in ("goodput_available", "goodput") if row.get(k) is not None}
-                for name, row in systems.items() if isinstance(row, dict)}
-    decoupled = systems.get("decoupled") or {}
+    decoupled = next((systems[k] for k in DECOUPLED_ROWS if isinstance(systems.get(k), dict)), {})
+    measured = {k: decoupled[k] for k in ("goodput_available", "goodput") if decoupled.get(k) is not None}
+    ratio = (doc.get("comparison") or {}).get("merged_ratio")  # bench/goodput_scale.py: chaos / fault-free twin
+    if ratio is not None:
+        measured["merged_ratio"] = ratio
     run_dir, note = _own_run_dir(path, decoupled)
     rates = {int(k): float(v) for k, v in (decoupled.get("learner_rates_tokens_per_s") or {}).items()}
     return RunFile(path, schedule, settings, measured, run_dir, rates, note)

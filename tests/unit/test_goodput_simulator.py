@@ -179,15 +179,21 @@ def test_a_long_partition_throws_away_the_push_it_held():
     assert 0 < r.fractions()["stale_pushes"] < 0.01  # one push, not the partition's 10 s (rebase keeps them)
 
 
-def test_from_run_reads_any_learner_count(tmp_path, capsys):
+@pytest.mark.parametrize("row", ["decoupled", "chaos"])  # bench/goodput.py, bench/goodput_scale.py
+def test_from_run_reads_any_learner_count(tmp_path, capsys, row):
     faults = [Kill(at=5.0 + 3 * i, duration=2, target=f"learner-{i}") for i in range(1, 7)]
     doc = {"schedule": Schedule(seed=1, faults=tuple(faults), learners=6).to_dict(),
            "config": {"learners": 6, "duration": 40.0, "step_time": 0.025, "trainer_args": ["--sync-every", "8"]},
-           "systems": {"decoupled": {"goodput_available": 0.9, "goodput": 0.8}}}
+           "systems": {row: {"goodput_available": 0.9, "goodput": 0.8, "run_dir": str(tmp_path / "gone")}},
+           "comparison": {"merged_ratio": 0.85}}
     path = tmp_path / "goodput.json"
     path.write_text(json.dumps(doc))
     out = json.loads(run_cli(capsys, "--from-run", str(path), "--json", "--repeats", "2"))
     assert list(out) == ["decoupled"]
     assert out["decoupled"]["inputs"]["learners"] == 6 and out["decoupled"]["inputs"]["sync_every"] == 8
-    assert out["decoupled"]["measured"] == {"goodput_available": 0.9, "goodput": 0.8}
+    assert out["decoupled"]["measured"] == {"goodput_available": 0.9, "goodput": 0.8, "merged_ratio": 0.85}
     assert 0.8 < out["decoupled"]["goodput"] < 1
+    assert out["decoupled"]["merged_vs_fault_free"] < out["decoupled"]["goodput"]  # the kills' own downtime counts
+    with pytest.raises(SystemExit):
+        main(["--from-run", str(path), "--measured"])
+    assert "--measured" in capsys.readouterr().err
