@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ContextManager
 
 from .atomic import atomic_write_json, fsync_dir
 
@@ -97,23 +97,25 @@ def sync_files(paths: list[Path], root: Path) -> None:
             os.close(fd)
 
 
-def write_staged(final: Path, data: bytes) -> Staged:
-    """Write `data` beside `final` under a temporary name, without an fsync (the commit
-    makes it durable). `apply` is filled in by the caller."""
+def write_staged(final: Path, *parts: bytes | memoryview) -> Staged:
+    """Write `parts` one after the other beside `final` under a temporary name, without an
+    fsync (the commit makes it durable). `apply` is filled in by the caller."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "wb") as fh:
-        fh.write(data)
+        for part in parts:
+            fh.write(part)
     return Staged(tmp, final, lambda: None)
 
 
 class GroupCommit:
     """Durable writes of staged files plus one JSON document, shared by concurrent callers.
 
-    `lock` is the owner's lock: `apply` callbacks and `document()` run under it. `commit`
-    must be called without holding it."""
+    `lock` gives the owner's lock: `apply` callbacks and `document()` run under it (looked
+    up at each commit, so the owner may replace its lock). `commit` must be called without
+    holding it."""
 
-    def __init__(self, root: Path, meta_path: Path, lock: threading.Condition,
+    def __init__(self, root: Path, meta_path: Path, lock: Callable[[], ContextManager],
                  document: Callable[[], dict], written: Callable[[int, int], None] | None = None) -> None:
         self.root = root
         self.meta_path = meta_path
@@ -172,12 +174,12 @@ class GroupCommit:
                 _discard(s)
         if error is None:
             try:
-                with self.lock:
+                with self.lock():
                     for s in staged:
                         s.apply()
                     document = self.document()
                 nbytes = atomic_write_json(self.meta_path, document)
-                with self.lock:
+                with self.lock():
                     if self.written is not None:
                         self.written(nbytes, len(staged))
             except BaseException as exc:  # noqa: BLE001

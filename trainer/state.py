@@ -66,6 +66,19 @@ def tensor_file_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, obje
     return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
 
 
+def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, memoryview]:
+    """A safetensors file's bytes as two parts: a new header carrying `metadata` and the
+    data section of `payload` (a safetensors buffer already parsed, hence valid), not
+    copied. A push's pending file is its wire payload under a header that names the push:
+    serialising its tensors again cost two copies of every pushed byte."""
+    size = int.from_bytes(payload[:8], "little")
+    header = json.loads(payload[8:8 + size])
+    header["__metadata__"] = {k: json.dumps(v) for k, v in metadata.items()}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section stays 8-byte aligned
+    return len(raw).to_bytes(8, "little") + raw, memoryview(payload)[8 + size:]
+
+
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> int:
     """Atomically write tensors with JSON-encoded metadata values."""
     return atomic_write_bytes(path, tensor_file_bytes(tensors, metadata))

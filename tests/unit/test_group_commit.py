@@ -15,7 +15,7 @@ WAIT = 10.0  # every wait in these tests is bounded by this
 
 def make(tmp_path: Path, state: dict, lock: threading.Condition | None = None) -> GroupCommit:
     lock = lock or threading.Condition()
-    return GroupCommit(tmp_path, tmp_path / "meta.json", lock, lambda: dict(state))
+    return GroupCommit(tmp_path, tmp_path / "meta.json", lambda: lock, lambda: dict(state))
 
 
 def staged(tmp_path: Path, name: str, applied: list[str], state: dict | None = None):

@@ -345,13 +345,13 @@ def test_retry_in_the_accept_window_is_a_duplicate(rig: Rig, monkeypatch: pytest
     s = rig.make(quorum=1, grace=0.0)
     first: dict = {}
     at_gate, release = threading.Event(), threading.Event()
-    real_save = syncer_mod.save_tensors
+    real_write = syncer_mod.write_staged
 
-    def save(path, tensors, meta):
-        n = real_save(path, tensors, meta)
+    def write(path, *parts):
+        staged = real_write(path, *parts)
         first.setdefault("thread", threading.current_thread())
         first.setdefault("entries", 0)
-        return n
+        return staged
 
     class GatedCondition(threading.Condition):
         """Holds the first pushing thread before its second lock acquisition after the write."""
@@ -364,7 +364,7 @@ def test_retry_in_the_accept_window_is_a_duplicate(rig: Rig, monkeypatch: pytest
                     release.wait(TIMEOUT)
             return super().__enter__()
 
-    monkeypatch.setattr(syncer_mod, "save_tensors", save)
+    monkeypatch.setattr(syncer_mod, "write_staged", write)
     s.cond = GatedCondition()
     s.start()
     c1 = rig.client(s)

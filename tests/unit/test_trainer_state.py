@@ -303,3 +303,23 @@ def test_sigkill_never_leaves_a_torn_file(tmp_path: Path) -> None:
         assert version >= len(modes)
     finally:
         z.close()
+
+
+def test_a_pending_file_is_the_wire_payload_under_a_header_naming_the_push(tmp_path):
+    """with_metadata keeps the payload's bytes and adds the push's metadata: the file reads
+    back as the same tensors, and its data section is 8-byte aligned for any metadata length."""
+    from trainer.state import load_tensors, with_metadata
+    from trainer.wire import pack_tensors
+
+    tensors = {"h.0.w": torch.randn(4, 6), "q": torch.arange(9, dtype=torch.uint8), "q/scale": torch.tensor([0.5])}
+    payload = pack_tensors(tensors)
+    for extra in range(9):
+        meta = {"fragment": 1, "learner": 3, "encoding": "int4", "pad": "x" * extra}
+        head, body = with_metadata(payload, meta)
+        assert len(head) % 8 == 0
+        assert bytes(body) == payload[8 + int.from_bytes(payload[:8], "little"):]
+        path = tmp_path / f"p{extra}.safetensors"
+        path.write_bytes(head + bytes(body))
+        back, got = load_tensors(path)
+        assert got == meta
+        assert set(back) == set(tensors) and all(torch.equal(back[k], tensors[k]) for k in tensors)
