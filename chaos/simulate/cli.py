@@ -140,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     src = sched.add_mutually_exclusive_group()
     src.add_argument("--schedule", type=Path, metavar="FILE", help="a fault schedule (.yaml/.json, faults.Schedule: "
                                                                    "kill, pause, partition, latency)")
-    src.add_argument("--from-run", type=Path, metavar="JSON", help="a bench/goodput.py JSON: its schedule, settings "
-                                                                   "and measured goodput, side by side")
+    src.add_argument("--from-run", type=Path, metavar="JSON",
+                     help="a bench/goodput.py or goodput_scale.py JSON: its schedule, settings and measured goodput, "
+                          "side by side")
     sched.add_argument("--measured", action="store_true", help="with --from-run: also predict with the run "
                                                                "directory's measured restarts and pace")
     sched.add_argument("--pace", type=fraction, help="a learner's step rate while up / its credited rate (default 1)")

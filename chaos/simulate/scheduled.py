@@ -90,7 +90,6 @@ class Push:
 
 @dataclass
 class Learner:
-    fragments: int
     alive: bool = True
     frozen_until: float = 0.0
     incarnation: int = 1
@@ -134,7 +133,7 @@ class ScheduleSim:
         inp, P = self.inp, self.inp.fragments
         period = inp.sync_every * inp.step_time
         since = [period - (f + 1) * period / P for f in range(P)]
-        return Learner(fragments=P, last=t, unpushed=since[:] if initial else [0.0] * P, since_sync=since,
+        return Learner(last=t, unpushed=since[:] if initial else [0.0] * P, since_sync=since,
                        awaiting=[False] * P, adopted=[0] * P if initial else self.version[:], epochs=[0] * P)
 
     def _load(self, schedule: Schedule) -> None:
@@ -365,6 +364,8 @@ class ScheduleSim:
 
     def _finish(self) -> SystemResult:
         inp = self.inp
+        for j in range(inp.learners):  # charge slow steps up to the window's end
+            self._accrue(j, inp.duration)
         available = sum(inp.duration - h for h in self.held)
         result = self.result
         result.capacity = available
