@@ -3,7 +3,8 @@
 Scale mode (the default) simulates three systems under one seeded failure stream:
 
   python -m chaos simulate-goodput --chips 1200000 --learners 8 --mtbi-years 1 [--seed 0] [--json]
-      [--preset paper|islands-warm|islands-cold] [--sweep-chips] [--plot PATH] [--sensitivity]
+      [--preset paper|islands-warm|islands-cold] [--learner-failure shrink|kill]
+      [--sweep-chips] [--plot PATH] [--sensitivity]
 
 Schedule mode replays an explicit fault schedule on a simulated Islands cluster and predicts
 the decoupled system's goodput as bench/goodput.py measures it:
@@ -29,7 +30,7 @@ from faults import Schedule, ScheduleError
 from trainer.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 
 from .dists import SPEC_FORMS, Dist, Empirical
-from .inputs import ASSUMPTIONS, COMMON, PRESETS, ScaleInputs
+from .inputs import ASSUMPTIONS, COMMON, LEARNER_FAILURES, PRESETS, ScaleInputs
 from .result import LOSSES, SYSTEMS
 from .runfile import load_run, measured_pace, measured_restarts, parse_recovery, run_inputs
 from .scale import simulate
@@ -39,9 +40,10 @@ from .tables import grid, inputs_table, pct, results_table, sensitivity_table, s
 
 SCALE_FIELDS = ("chips", "learners", "chips_per_learner", "mtbi_years", "step_time", "sync_every", "fragments",
                 "quorum", "grace", "max_staleness", "detection", "recovery_decoupled", "reconfigure",
-                "slice_return", "recovery_dp", "checkpoint_every", "slice_chips", "duration", "seed")
+                "slice_return", "recovery_dp", "checkpoint_every", "slice_chips", "learner_failure", "duration",
+                "seed")
 SCALE_ONLY = ("chips", "chips_per_learner", "mtbi_years", "reconfigure", "slice_return", "recovery_dp",
-              "checkpoint_every", "slice_chips", "sweep_chips", "plot", "sensitivity", "preset")
+              "checkpoint_every", "slice_chips", "learner_failure", "sweep_chips", "plot", "sensitivity", "preset")
 SCHEDULE_ONLY = ("pace", "heartbeat_interval", "heartbeat_timeout", "repeats", "measured")
 RUN_FIELDS = ("learners", "duration", "step_time", "sync_every", "fragments", "quorum", "grace", "max_staleness",
               "heartbeat_interval", "heartbeat_timeout", "detection", "pace", "seed")
@@ -92,16 +94,21 @@ def _help(field: str, extra: str = "") -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m chaos simulate-goodput",
-        description="Seeded discrete-event goodput simulator: decoupled DiLoCo as Islands implements it, "
-                    "elastic and non-elastic data-parallel, under one stream of chip failures; or one "
+        description="Seeded discrete-event goodput simulator: decoupled DiLoCo (the paper's learners, or "
+                    "Islands' with --learner-failure kill), elastic and non-elastic data-parallel, under one "
+                    "stream of chip failures; or one "
                     "explicit fault schedule replayed on a simulated Islands cluster. Every default below "
-                    "is the paper preset (arXiv 2604.21428), with the assumption that sets it. "
+                    "is the paper preset (arXiv 2604.21428), with the assumption that sets it: 'Paper [X]' "
+                    "is what the paper states, X naming the source that quotes it (docs/simulate-goodput.md, "
+                    "'What the paper says'; its simulation appendix itself could not be read); 'calibrated' "
+                    "is fitted to its figures; 'our choice' is a value it does not give. "
                     + COMMON + " " + SCHEDULE_HELP + " See docs/simulate-goodput.md.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     size = p.add_argument_group("cluster and failures")
     size.add_argument("--preset", choices=tuple(PRESETS), default=None,
                       help="paper (default): the paper's assumptions below; islands-warm / islands-cold: the "
-                           "same cluster with Islands' measured detection and rejoin for decoupled learners")
+                           "same cluster with Islands' learners (--learner-failure kill) and their measured "
+                           "detection and rejoin")
     size.add_argument("--chips", type=chip_count, help=_help("chips"))
     size.add_argument("--learners", type=positive_int, help=_help("learners", " Schedule mode: the schedule's."))
     size.add_argument("--chips-per-learner", type=chip_count, help=_help("chips_per_learner"))
@@ -115,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--quorum", type=non_negative_int, metavar="K", help=_help("quorum"))
     work.add_argument("--grace", type=non_negative_float, help=_help("grace"))
     work.add_argument("--max-staleness", type=non_negative_int, help=_help("max_staleness"))
+    work.add_argument("--learner-failure", choices=LEARNER_FAILURES, help=_help("learner_failure"))
     rec = p.add_argument_group(f"recovery times (each a distribution: {SPEC_FORMS}, or restarts:RUN_DIR, "
                                "a chaos run's measured restart -> first step)")
     rec.add_argument("--detection", type=recovery, metavar="SPEC", help=_help("detection"))
@@ -173,6 +181,8 @@ def _value(inp: ScaleInputs, field: str) -> str:
         return f"{inp.sim_duration:,.0f} s" + (" (auto)" if value is None else "")
     if hasattr(value, "spec"):
         return value.spec()
+    if isinstance(value, str):
+        return value
     return f"{value:,}" if isinstance(value, int) else f"{value:g}"
 
 

@@ -37,14 +37,24 @@ def simulate_dp(failures: Failures, inp: ScaleInputs, duration: float) -> System
 
 
 def simulate_elastic(failures: Failures, inp: ScaleInputs, duration: float) -> SystemResult:
+    result, _ = elastic_run(failures.times, inp.chips, inp, duration, "elastic")
+    return result
+
+
+def elastic_run(times: list[float], chips: float, inp: ScaleInputs, duration: float,
+                stream: str) -> tuple[SystemResult, list[tuple[float, float]]]:
+    """One elastic data-parallel job of `chips` chips whose chips fail at `times`: its result
+    (capacity: `duration` job-seconds) and the intervals it stood stalled. Elastic-dp is one
+    such job over the whole cluster; the paper's decoupled learner is one per learner."""
     result = SystemResult(seconds=duration, capacity=duration)
-    n = len(failures.times)
-    downscales = draws(inp.reconfigure, n, inp.seed, "elastic-down")
-    upscales = draws(inp.reconfigure, n, inp.seed, "elastic-up")
-    returns = draws(inp.slice_return, n, inp.seed, "elastic-return")
-    share = inp.slice_chips / inp.chips
-    events = [(t, 0, k) for k, t in enumerate(failures.times)]  # 0: a failure, 1: a slice returns
+    n = len(times)
+    downscales = draws(inp.reconfigure, n, inp.seed, f"{stream}-down")
+    upscales = draws(inp.reconfigure, n, inp.seed, f"{stream}-up")
+    returns = draws(inp.slice_return, n, inp.seed, f"{stream}-return")
+    share = inp.slice_chips / chips
+    events = [(t, 0, k) for k, t in enumerate(times)]  # 0: a failure, 1: a slice returns
     heapq.heapify(events)
+    stalls: list[tuple[float, float]] = []
     now = resumed = stalled_until = 0.0
     out = absorbed = 0
     while events and events[0][0] < duration:
@@ -55,15 +65,15 @@ def simulate_elastic(failures: Failures, inp: ScaleInputs, duration: float) -> S
             heapq.heappush(events, (t + returns[k], 1, k))
         if t < stalled_until:
             absorbed += kind == 0
-        elif kind == 0:
-            result.lost["rollback"] += ((t - resumed) % inp.step_time) * max(0.0, 1 - out * share)
-            stalled_until = resumed = t + downscales[k]
         else:
-            stalled_until = resumed = t + upscales[k]
+            if kind == 0:
+                result.lost["rollback"] += ((t - resumed) % inp.step_time) * max(0.0, 1 - out * share)
+            stalled_until = resumed = t + (downscales[k] if kind == 0 else upscales[k])
+            stalls.append((t, min(stalled_until, duration)))
         out += 1 if kind == 0 else -1
     _advance(result, now, duration, stalled_until, min(1.0, out * share))
     result.info = {"failures": n, "absorbed": absorbed, "global_downtime_s": result.lost["stall"]}
-    return result
+    return result, stalls
 
 
 def _advance(result: SystemResult, start: float, end: float, stalled_until: float, out_share: float) -> None:

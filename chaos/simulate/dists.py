@@ -7,6 +7,9 @@ is rarely a constant: Islands' own restarts spread from 0.02 s to 2 s (BENCHMARK
   fixed:S                 always S seconds
   lognormal:MEDIAN,P90    a log-normal with that median and 90th percentile (how
                           bench/recovery.py reports its measures)
+  expweibull:SCALE,K,A    an exponentiated Weibull, CDF (1 - exp(-(x/SCALE)^K))^A (A=1: a
+                          Weibull): the family a summary of the paper reports for its
+                          recovery delays, parameters unknown
   empirical:FILE.json     resample measured values: a JSON list of seconds, or the output
                           of bench/recovery.py (its rows' `rejoin_s`; `FILE.json#startup_s`
                           picks another field of the rows)
@@ -24,7 +27,7 @@ from typing import Protocol
 
 Z90 = 1.2815515655446004  # the standard normal's 90th percentile
 RECOVERY_FIELD = "rejoin_s"  # bench/recovery.py: restart -> first merged push
-SPEC_FORMS = "fixed:S, lognormal:MEDIAN,P90 or empirical:FILE.json[#FIELD]"
+SPEC_FORMS = "fixed:S, lognormal:MEDIAN,P90, expweibull:SCALE,K,A or empirical:FILE.json[#FIELD]"
 
 
 class Dist(Protocol):
@@ -74,6 +77,36 @@ class LogNormal:
 
     def spec(self) -> str:
         return f"lognormal:{self.median:g},{self.p90:g}"
+
+
+@dataclass(frozen=True)
+class ExpWeibull:
+    """Exponentiated Weibull: CDF F(x) = (1 - exp(-(x/scale)^k))^a, sampled by inversion."""
+
+    scale: float
+    k: float
+    a: float
+
+    def _at(self, s: float) -> float:
+        """The quantile at u = 1 - e^-s (s > 0): scale * (-ln(1 - u^(1/a)))^(1/k), computed
+        without rounding u to 1 for large s."""
+        return self.scale * (-math.log(-math.expm1(math.log1p(-math.exp(-s)) / self.a))) ** (1 / self.k)
+
+    def sample(self, rng: random.Random) -> float:
+        return self._at(rng.expovariate(1.0))  # 1 - e^-s is uniform on (0, 1)
+
+    def mean(self) -> float:
+        # E[X] is the integral of Q(u) over (0, 1), i.e. of Q(1 - e^-s) e^-s over s > 0: the
+        # midpoint rule up to s = 60 (the tail beyond weighs under 1e-20)
+        n, top = 6000, 60.0
+        h = top / n
+        return h * sum(self._at((i + 0.5) * h) * math.exp(-(i + 0.5) * h) for i in range(n))
+
+    def scaled(self, factor: float) -> ExpWeibull:
+        return ExpWeibull(self.scale * factor, self.k, self.a)
+
+    def spec(self) -> str:
+        return f"expweibull:{self.scale:g},{self.k:g},{self.a:g}"
 
 
 @dataclass(frozen=True)
@@ -166,6 +199,11 @@ def parse_dist(spec: str) -> Dist:
         if not 0 < median <= p90:
             raise ValueError(f"lognormal:MEDIAN,P90 needs 0 < MEDIAN <= P90, got {rest}")
         return LogNormal(median, p90)
+    if kind == "expweibull":
+        scale, k, a = _numbers(rest, 3, "expweibull:SCALE,K,A")
+        if not (scale > 0 and k > 0 and a > 0):
+            raise ValueError(f"expweibull:SCALE,K,A needs SCALE, K and A > 0, got {rest}")
+        return ExpWeibull(scale, k, a)
     if kind == "empirical":
         path, _, field = rest.partition("#")
         if not path:

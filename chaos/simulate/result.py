@@ -13,9 +13,10 @@ SYSTEMS = ("decoupled", "elastic-dp", "dp")
 LOSSES = {
     "stall": "the whole system idle, waiting for a restart or a reconfiguration",
     "recovery": "a failed unit's share while it is out: a learner restarting, fetching state and "
-                "rejoining; an elastic job's failed slice until it returns",
+                "rejoining, or (the paper's learner) reconfiguring; an elastic job's failed slice until "
+                "it returns",
     "rollback": "work redone from the last checkpoint, or the step in progress, when a "
-                "data-parallel job fails",
+                "data-parallel job (or the paper's learner, itself one) fails",
     "lost_with_learner": "a killed learner's steps since its last push",
     "stale_pushes": "pushes more than --max-staleness versions old, thrown away (push_dropped, stale)",
     "paused": "schedules only: learners frozen by a pause",

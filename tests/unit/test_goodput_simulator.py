@@ -11,12 +11,14 @@ import pytest
 from chaos.simulate import PAPER, RunInputs, ScaleInputs, predict_schedule, simulate
 from chaos.simulate.cli import SCALE_FIELDS, main
 from chaos.simulate.decoupled import unpushed_steps
-from chaos.simulate.dists import Empirical, Fixed, LogNormal, parse_dist
+from chaos.simulate.dists import Empirical, ExpWeibull, Fixed, LogNormal, parse_dist
 from chaos.simulate.inputs import YEAR
 from chaos.simulate.result import SYSTEMS
 from faults import Kill, Partition, Schedule
 
 PAPER_FIGURES = {"decoupled": 0.88, "elastic-dp": 0.58, "dp": 0.27}  # arXiv 2604.21428, 1.2M chips, M=8
+# its learner ablation at 1.2M chips (Table 11, as summaries of the paper quote it): M -> decoupled goodput
+PAPER_ABLATION = {2: 0.70, 4: 0.82, 8: 0.88, 16: 0.93}
 
 
 def short(inp: ScaleInputs, failures: int = 3000) -> ScaleInputs:
@@ -80,6 +82,34 @@ def test_the_paper_figures_at_the_paper_inputs():
         assert abs(g[system] - figure) <= 0.05, f"{system}: {g[system]:.3f} against the paper's {figure}"
 
 
+@pytest.mark.parametrize("learners", sorted(PAPER_ABLATION))
+def test_the_papers_learners_reproduce_its_learner_ablation(learners):
+    g = simulate(PAPER.replace(learners=learners))["decoupled"].goodput
+    assert abs(g - PAPER_ABLATION[learners]) <= 0.05, f"M={learners}: {g:.3f}"
+
+
+def test_islands_learners_on_the_paper_cluster_also_meet_the_headline_figure():
+    g = simulate(PAPER.replace(learner_failure="kill"))["decoupled"].goodput
+    assert abs(g - PAPER_FIGURES["decoupled"]) <= 0.05
+
+
+def test_the_papers_learner_is_an_elastic_job_on_its_own_chips():
+    one = simulate(PAPER.replace(learners=1, duration=2e5))  # fixed recovery times: the very same run
+    assert one["decoupled"].goodput == pytest.approx(one["elastic-dp"].goodput, abs=1e-12)
+    # the paper's rule: M learners do as well as one elastic job on M times fewer chips
+    eight = simulate(PAPER)["decoupled"].goodput
+    alone = simulate(PAPER.replace(chips=PAPER.chips // 8, learners=1))["elastic-dp"].goodput
+    assert eight == pytest.approx(alone, abs=0.01)
+
+
+def test_only_the_mean_reconfiguration_moves_goodput():
+    shaped = ExpWeibull(7.0, 1.5, 3.0)  # skewed, mean ~10 s
+    fixed = goodputs(short(PAPER.replace(reconfigure=Fixed(shaped.mean())), failures=6000))
+    weibull = goodputs(short(PAPER.replace(reconfigure=shaped), failures=6000))
+    assert weibull["elastic-dp"] == pytest.approx(fixed["elastic-dp"], abs=0.01)
+    assert weibull["decoupled"] == pytest.approx(fixed["decoupled"], abs=0.01)
+
+
 # ----------------------------------------------------------------------------- seeds and the CLI
 def test_a_seed_reproduces_a_run_exactly_and_another_seed_differs(capsys):
     argv = ["--chips", "100000", "--learners", "8", "--mtbi-years", "1", "--duration", "300000", "--json"]
@@ -106,6 +136,8 @@ def test_json_keys_are_exactly_the_systems_each_with_a_goodput_fraction(capsys):
     (["--chips-per-learner", "7"], "--chips-per-learner"),
     (["--quorum", "9"], "--quorum"),
     (["--pace", "0.5"], "--pace"),
+    (["--learner-failure", "die"], "--learner-failure"),
+    (["--reconfigure", "expweibull:10,0,1"], "--reconfigure"),
 ])
 def test_a_bad_flag_is_an_error_naming_it(capsys, argv, flag):
     with pytest.raises(SystemExit) as exc:
@@ -143,6 +175,11 @@ def test_recovery_specs():
     assert isinstance(lognormal, LogNormal) and lognormal.mean() > 0.32
     with pytest.raises(ValueError, match="MEDIAN <= P90"):
         parse_dist("lognormal:1,0.5")
+    weibull = parse_dist("expweibull:10,2,1")  # A=1: a plain Weibull, mean 10 * Gamma(1.5)
+    assert weibull == ExpWeibull(10.0, 2.0, 1.0)
+    assert weibull.mean() == pytest.approx(10 * math.gamma(1.5), rel=1e-4)
+    assert parse_dist(weibull.spec()) == weibull
+    assert ExpWeibull(10.0, 1.0, 1.0).scaled(2).mean() == pytest.approx(20, rel=1e-4)  # an exponential
 
 
 def test_empirical_reads_a_list_or_bench_recovery_output(tmp_path):
