@@ -5,7 +5,7 @@ from pathlib import Path
 
 from .result import SYSTEMS
 
-LABELS = {"decoupled": "decoupled DiLoCo (Islands)", "elastic-dp": "elastic data-parallel",
+LABELS = {"decoupled": "decoupled DiLoCo", "elastic-dp": "elastic data-parallel",
           "dp": "data-parallel (not elastic)"}
 COLORS = {"decoupled": "tab:green", "elastic-dp": "tab:orange", "dp": "tab:red"}
 PAPER_POINTS = {"decoupled": 0.88, "elastic-dp": 0.58, "dp": 0.27}  # arXiv 2604.21428 at 1.2M chips
