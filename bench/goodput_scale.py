@@ -9,9 +9,10 @@ same shape on Islands, on this machine's two cores:
           under the seeded schedule below, for --duration s from the controller's `begin`
           (every learner has stepped);
   twin    the same configuration, the same length, no faults;
-  torchft optional (--torchft-learners N): torchft 0.2.0 DiLoCo with N replica groups
-          under the schedule's process faults (it has no proxy on its links), reported
-          with the goodput definitions of bench/goodput.py. 0 skips it.
+  torchft optional (--systems ...,torchft; --torchft-learners N, default --learners):
+          torchft 0.2.0 DiLoCo with N replica groups under the schedule's process faults
+          (it has no proxy on its links) for --torchft-duration s, reported with the
+          goodput definitions of bench/goodput.py.
 
 The schedule (make_scale_schedule, a pure function of its arguments): the write-up's 62
 faults in its proportions, 27 kills (restarted --restart-after s later), 18 pauses (SIGSTOP
@@ -299,7 +300,7 @@ def run_system(system: str, schedule: Schedule, run_dir: Path, args: argparse.Na
             python = ensure_torchft()
             if python is None:
                 raise RuntimeError("torchft could not be installed (reason above)")
-            row = goodput.run_torchft(schedule, run_dir, args.duration, python, args.gap_threshold,
+            row = goodput.run_torchft(schedule, run_dir, args.torchft_duration, python, args.gap_threshold,
                                       args.step_time, args.warm_spares, learners=args.torchft_learners)
         else:
             plan = schedule if system == "chaos" else Schedule(seed=schedule.seed, faults=(), learners=args.learners,
@@ -388,6 +389,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency-faults", type=int, default=LATENCY_FAULTS, help="100 ms latency faults beyond the 62")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of chaos, twin, torchft")
     p.add_argument("--torchft-learners", type=int, default=0, help="replica groups for torchft (0: skip it)")
+    p.add_argument("--torchft-duration", type=float, help="seconds of torchft under the schedule's first faults "
+                   "(default --duration)")
     p.add_argument("--gap-threshold", type=float, help="a gap without a merge longer than this is global "
                    "downtime (default: two fault-free rounds, 2 x H x --step-time)")
     p.add_argument("--memory-every", type=float, default=MEMORY_EVERY, help="seconds between memory samples (5)")
@@ -404,10 +407,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--systems: expected names among chaos, twin, torchft, got {args.systems!r}")
     if "torchft" in systems and args.torchft_learners < 2:
         args.torchft_learners = args.learners
+    if args.torchft_duration is None:
+        args.torchft_duration = args.duration
     args.systems = systems
     if args.gap_threshold is None:
         args.gap_threshold = 2 * SYNC_EVERY * args.step_time
-    for name in ("learners", "duration", "step_time", "memory_every", "gap_threshold"):
+    for name in ("learners", "duration", "step_time", "memory_every", "gap_threshold", "torchft_duration"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     if args.warm_spares < 0 or args.latency_faults < 0:
@@ -438,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n[{system}] running ...", flush=True)
         try:
             row = run_system(system, schedule, run_dir, args)
-            row["tokens_merged_window"] = window_tokens(run_dir, row, args.duration)
+            seconds = args.torchft_duration if system == "torchft" else args.duration
+            row["tokens_merged_window"] = window_tokens(run_dir, row, seconds)
             from chaos.controller import HISTORY_FILE, read_history
             applied = [h for h in read_history(run_dir / HISTORY_FILE) if h.get("event") == "start" and h.get("ok")]
             row["faults_applied_count"] = len(applied)
@@ -468,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                       "pause_seconds": PAUSE_SECONDS, "partition_seconds": PARTITION_SECONDS,
                       "latency_seconds": LATENCY_SECONDS, "latency_ms": LATENCY_MS, "rest": REST,
                       "trainer_args": goodput.FAST_TRAINER_ARGS, "adopt": "rebase", "data": goodput.DATA,
-                      "torchft_learners": args.torchft_learners, "systems": args.systems, "quick": args.quick},
+                      "torchft_learners": args.torchft_learners, "torchft_duration": args.torchft_duration, "systems": args.systems, "quick": args.quick},
            "writeup": WRITEUP, "schedule": schedule.to_dict(), "comparison": comparison,
            "systems": {k: {kk: vv for kk, vv in v.items() if kk != "throughput"} for k, v in rows.items()}}
     out.parent.mkdir(parents=True, exist_ok=True)
