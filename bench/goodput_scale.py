@@ -45,6 +45,10 @@ Figures:
                      and the warm spares, their sum, and the machine's used memory (MemTotal -
                      MemAvailable), sampled every --memory-every s: the peak and the median.
 
+Outputs: the table on stdout, --out (JSON: config, schedule, each system's row, the
+comparison) and, when chaos and twin both ran, goodput-scale.png beside it: the faults per
+learner, merged tokens/s of both runs, and the running ratio of chaos to twin.
+
     python bench/goodput_scale.py [--learners 32] [--duration 1800] [--seed 17] [--step-time 0.5]
                                   [--systems chaos,twin] [--torchft-learners 0] [--out bench/out/goodput_scale.json]
     python bench/goodput_scale.py --quick     # 8 learners, 120 s, the same code path (a smoke run)
@@ -376,6 +380,79 @@ def format_report(rows: dict[str, dict], comparison: dict) -> str:
     return "\n".join(lines)
 
 
+# --------------------------------------------------------------------------- plot
+PLOT_BIN = 30.0
+
+
+def merged_series(events: list[dict], start: float, seconds: float, width: float = PLOT_BIN) -> list[float]:
+    """Tokens merged per `width` s bin of [start, start + seconds], as tokens/s."""
+    bins = [0.0] * max(1, int(seconds // width) + (1 if seconds % width else 0))
+    for e in events:
+        offset = float(e["t"]) - start
+        if 0 <= offset <= seconds:
+            bins[min(len(bins) - 1, int(offset // width))] += event_merged_tokens(e)
+    return [b / width for b in bins]
+
+
+def plot_scale(rows: dict[str, dict], duration: float, learners: int, path: Path) -> None:
+    """The chaos run's faults per learner over its merged tokens/s beside the twin's, and
+    the running ratio of what chaos merged to what the twin merged: 32 learners' own
+    throughput lines (bench/goodput.py's plot) are unreadable."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    from chaos.report import fault_windows, kind_color, load_run
+    from trainer.events import read_events
+
+    chaos, twin = rows["chaos"], rows["twin"]
+    start = float(chaos["window"][0])
+    windows = [w for w in fault_windows(load_run(Path(chaos["run_dir"]))) if w.start is not None]
+    fig = Figure(figsize=(12, 8), dpi=110, layout="constrained")
+    ax_f, ax_m, ax_r = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [2.2, 1.6, 1.0]})
+    extra: dict[str, str] = {}
+    kinds: list[str] = []
+    for w in windows:
+        color = kind_color(w.kind, extra)
+        kinds += [] if w.kind in kinds else [w.kind]
+        for t in w.targets:
+            learner = int(t.split("/", 1)[0].split("-")[1])
+            ax_f.broken_barh([(w.start - start, max(w.stop - w.start, 4.0))], (learner - 0.4, 0.8), facecolors=color)
+    ax_f.set_ylim(learners + 0.7, 0.3)
+    ax_f.set_yticks([1, *range(4, learners + 1, 4)])
+    ax_f.set_ylabel("learner")
+    ax_f.legend(handles=[Patch(facecolor=kind_color(k, extra), label=k) for k in kinds], loc="upper left",
+                bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    cmp = compare(rows, duration)
+    ax_f.set_title(f"{learners} learners, {len(windows)} faults: merged {_pct(cmp.get('merged_ratio'))} of the "
+                   f"fault-free twin (the write-up kept {WRITEUP['kept']:.1%}); global downtime "
+                   f"{chaos['downtime']['seconds']:.0f} s", fontsize=10)
+    series = {}
+    for name, row in (("chaos", chaos), ("twin", twin)):
+        series[name] = merged_series(read_events(Path(row["run_dir"])), float(row["window"][0]), duration)
+    edges = [i * PLOT_BIN for i in range(len(series["chaos"]) + 1)]
+    ax_m.stairs(series["twin"], edges, color="#888888", linewidth=1.4, label="fault-free twin")
+    ax_m.stairs(series["chaos"], edges, color="#2ca02c", linewidth=1.4, label="under chaos")
+    ax_m.set_ylabel(f"tokens/s merged ({PLOT_BIN:g} s bins)")
+    ax_m.set_ylim(bottom=0)
+    ax_m.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    made = twin_made = 0.0
+    ratio = []
+    for a, b in zip(series["chaos"], series["twin"]):
+        made, twin_made = made + a, twin_made + b
+        ratio.append(100 * made / twin_made if twin_made else float("nan"))
+    ax_r.plot([e + PLOT_BIN for e in edges[:-1]], ratio, color="#2ca02c")
+    ax_r.axhline(100 * WRITEUP["kept"], color="#cf222e", linestyle="--", linewidth=1, label="the write-up's 97.7%")
+    ax_r.set_ylabel("merged so far,\n% of the twin")
+    ax_r.set_ylim(95, 101)
+    ax_r.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False)
+    ax_r.set_xlabel("seconds since the schedule began")
+    ax_r.set_xlim(0, duration)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, facecolor="white")
+
+
 # --------------------------------------------------------------------------- CLI
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="goodput_scale.py", description=__doc__.split("\n\n")[0],
@@ -458,13 +535,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {row['tokens_merged_window'] / 1e6:.2f} M tokens merged in the window, goodput "
                   f"{_pct(row['goodput_available'])} of available capacity, downtime {row['downtime']['seconds']:.1f} s, "
                   f"final loss {row.get('final_loss')}, {row['elapsed_seconds']:.0f} s", flush=True)
-            try:
-                png = out.parent / f"goodput-scale-{system}.png"
-                goodput.plot_system(row, run_dir, png, args.torchft_learners if system == "torchft" else args.learners)
-                row["plot"] = str(png)
-            except Exception as exc:  # noqa: BLE001 - the numbers stand without the plot
-                print(f"  plot failed: {type(exc).__name__}: {exc}", flush=True)
     comparison = compare(rows, args.duration)
+    if comparison:
+        try:
+            plot_scale(rows, args.duration, args.learners, out.parent / "goodput-scale.png")
+        except Exception as exc:  # noqa: BLE001 - the numbers stand without the plot
+            print(f"plot failed: {type(exc).__name__}: {exc}", flush=True)
     print()
     print(format_report(rows, comparison))
     doc = {"machine": platform.platform(), "cpus": os.cpu_count(), "seconds": round(time.monotonic() - began, 1),
