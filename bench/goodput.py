@@ -551,7 +551,7 @@ def torchft_final_loss(params_dir: Path) -> dict:
 
 def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path,
                 threshold: float = GAP_THRESHOLD, step_time: float = 0.0, warm_spares: int = 0,
-                learners: int = LEARNERS) -> dict:
+                learners: int = LEARNERS, extra_peer_args: list[str] | None = None) -> dict:
     from bench.peers.torchft_cluster import TorchftCluster, net_merged_tokens, report
     from chaos.controller import HISTORY_FILE, Controller, History, read_history
     from trainer.events import read_events
@@ -563,7 +563,8 @@ def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path
     params_dir = run_dir / "final-params"
     h = int(FAST_TRAINER_ARGS[FAST_TRAINER_ARGS.index("--sync-every") + 1])
     cluster = TorchftCluster(run_dir, groups=learners, sync_every=h, data=DATA, trainer_args=FAST_TRAINER_ARGS,
-                             python=python, peer_args=["--final-params-dir", str(params_dir), *step_time_flags(step_time)],
+                             python=python, peer_args=["--final-params-dir", str(params_dir), *step_time_flags(step_time),
+                                                       *(extra_peer_args or [])],
                              warm_spares=warm_spares)
     problems = cluster.unsupported(kills_only)
     if problems:

@@ -60,6 +60,7 @@ import json
 import os
 import platform
 import random
+import shlex
 import shutil
 import statistics
 import sys
@@ -141,6 +142,14 @@ def make_scale_schedule(seed: int, learners: int, duration: float, counts: dict[
     schedule = Schedule(seed=seed, faults=tuple(faults), learners=learners,
                         name=f"goodput-scale-{learners}-seed-{seed}").sorted()
     return schedule.validate()
+
+
+def within(schedule: Schedule, seconds: float, margin: float = goodput.MARGIN) -> Schedule:
+    """The faults of `schedule` that end `margin` s before `seconds` (a shorter run of the
+    same schedule: the controller applies every fault it is given, whatever its duration)."""
+    kept = tuple(f for f in schedule.faults if f.at + f.duration <= seconds - margin)
+    return Schedule(seed=schedule.seed, faults=kept, learners=schedule.learners,
+                    name=f"{schedule.name}-first-{seconds:g}s")
 
 
 def fault_counts(schedule: Schedule) -> dict[str, int]:
@@ -304,8 +313,9 @@ def run_system(system: str, schedule: Schedule, run_dir: Path, args: argparse.Na
             python = ensure_torchft()
             if python is None:
                 raise RuntimeError("torchft could not be installed (reason above)")
-            row = goodput.run_torchft(schedule, run_dir, args.torchft_duration, python, args.gap_threshold,
-                                      args.step_time, args.warm_spares, learners=args.torchft_learners)
+            row = goodput.run_torchft(within(schedule, args.torchft_duration), run_dir, args.torchft_duration, python,
+                                      args.gap_threshold, args.step_time, args.warm_spares,
+                                      learners=args.torchft_learners, extra_peer_args=shlex.split(args.torchft_args))
         else:
             plan = schedule if system == "chaos" else Schedule(seed=schedule.seed, faults=(), learners=args.learners,
                                                                name="fault-free-twin")
@@ -466,6 +476,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--latency-faults", type=int, default=LATENCY_FAULTS, help="100 ms latency faults beyond the 62")
     p.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated subset of chaos, twin, torchft")
     p.add_argument("--torchft-learners", type=int, default=0, help="replica groups for torchft (0: skip it)")
+    p.add_argument("--torchft-args", default="", help="more flags for every torchft peer (bench/peers/"
+                   "torchft_diloco.py), e.g. '--collective-timeout 30 --connect-timeout 30'")
     p.add_argument("--torchft-duration", type=float, help="seconds of torchft under the schedule's first faults "
                    "(default --duration)")
     p.add_argument("--gap-threshold", type=float, help="a gap without a merge longer than this is global "
@@ -550,7 +562,8 @@ def main(argv: list[str] | None = None) -> int:
                       "pause_seconds": PAUSE_SECONDS, "partition_seconds": PARTITION_SECONDS,
                       "latency_seconds": LATENCY_SECONDS, "latency_ms": LATENCY_MS, "rest": REST,
                       "trainer_args": goodput.FAST_TRAINER_ARGS, "adopt": "rebase", "data": goodput.DATA,
-                      "torchft_learners": args.torchft_learners, "torchft_duration": args.torchft_duration, "systems": args.systems, "quick": args.quick},
+                      "torchft_learners": args.torchft_learners, "torchft_duration": args.torchft_duration,
+                      "torchft_args": args.torchft_args, "systems": args.systems, "quick": args.quick},
            "writeup": WRITEUP, "schedule": schedule.to_dict(), "comparison": comparison,
            "systems": {k: {kk: vv for kk, vv in v.items() if kk != "throughput"} for k, v in rows.items()}}
     out.parent.mkdir(parents=True, exist_ok=True)

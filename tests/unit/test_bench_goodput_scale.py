@@ -88,3 +88,11 @@ def test_cli_errors_name_the_flag(capsys):
     assert "--step-time" in capsys.readouterr().err
     quick = scale.parse_args(["--quick"])
     assert quick.learners == 8 and quick.duration == 120.0
+
+
+def test_within_keeps_the_faults_that_end_before_a_shorter_run():
+    s = scale.make_scale_schedule(17, 32, 1800)
+    short = scale.within(s, 600)
+    assert short.faults and all(f.at + f.duration <= 600 - scale.goodput.MARGIN for f in short.faults)
+    assert len(short.faults) == sum(1 for f in s.faults if f.at + f.duration <= 600 - scale.goodput.MARGIN)
+    assert short.faults[-1] == [f for f in s.faults if f.at + f.duration <= 600 - scale.goodput.MARGIN][-1]
