@@ -55,12 +55,10 @@ class _Request:
 
 @dataclass
 class CommitStats:
-    """What the commits cost, for the syncer's counters and events."""
+    """How many commits were led and how many files they made durable."""
 
     groups: int = 0
     files: int = 0
-    largest_group: int = 0
-    seconds: float = 0.0
 
 
 def _load_syncfs() -> Callable[[int], int] | None:
@@ -159,7 +157,6 @@ class GroupCommit:
 
     def _run(self, batch: list[_Request]) -> None:
         """Lead one commit for `batch`; every request in it ends done, with an error if any step failed."""
-        started = time.monotonic()
         staged = [r.staged for r in batch if r.staged is not None]
         error: BaseException | None = None
         try:
@@ -186,8 +183,6 @@ class GroupCommit:
                 error = exc
         self.stats.groups += 1
         self.stats.files += len(staged)
-        self.stats.largest_group = max(self.stats.largest_group, len(batch))
-        self.stats.seconds += time.monotonic() - started
         with self._cond:
             for r in batch:
                 r.done, r.error, r.group = True, error, len(batch)

@@ -60,12 +60,6 @@ def read_json(path: str | os.PathLike) -> dict | None:
         return None
 
 
-def tensor_file_bytes(tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> bytes:
-    """A safetensors file's bytes, with JSON-encoded metadata values."""
-    meta = {k: json.dumps(v) for k, v in metadata.items()}
-    return st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta)
-
-
 def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, memoryview]:
     """A safetensors file's bytes as two parts: a new header carrying `metadata` and the
     data section of `payload` (a safetensors buffer already parsed, hence valid), not
@@ -81,7 +75,8 @@ def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, m
 
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> int:
     """Atomically write tensors with JSON-encoded metadata values."""
-    return atomic_write_bytes(path, tensor_file_bytes(tensors, metadata))
+    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    return atomic_write_bytes(path, st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
 
 
 def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
