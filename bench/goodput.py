@@ -123,6 +123,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -609,6 +610,31 @@ def run_torchft(schedule: Schedule, run_dir: Path, duration: float, python: Path
     return row
 
 
+def run_systems(systems: list[str], runs: Path, run_one: Callable[[str, Path], dict],
+                report: Callable[[str, dict, Path], None]) -> dict[str, dict]:
+    """Each system in turn, in a fresh runs/<system> (a syncer resumes from an existing state
+    dir): its row with its elapsed seconds and run dir, reported as soon as it is done; a
+    system that fails gets an error row, so it never hides the others."""
+    rows: dict[str, dict] = {}
+    for system in systems:
+        run_dir = runs / system
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        started = time.monotonic()
+        print(f"\n[{system}] running ...", flush=True)
+        try:
+            row = run_one(system, run_dir)
+        except Exception as exc:  # noqa: BLE001 - one system failing must not hide the others
+            row = {"system": system, "error": f"{type(exc).__name__}: {exc}"}
+            print(f"  {system}: {row['error']}", flush=True)
+        row["elapsed_seconds"] = round(time.monotonic() - started, 1)
+        row["run_dir"] = str(run_dir)
+        rows[system] = row
+        if not row.get("error"):
+            report(system, row, run_dir)
+    return rows
+
+
 # --------------------------------------------------------------------------- plot
 def plot_system(row: dict, run_dir: Path, path: Path, learners: int = LEARNERS) -> None:
     """Fault windows per target over the throughput, the global-downtime gaps marked."""
@@ -807,44 +833,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"goodput: {LEARNERS} learners per system, {args.duration:g} s under the schedule each, "
           f"systems {', '.join(args.systems)}; trainer args {' '.join(FAST_TRAINER_ARGS)}; data {DATA}", flush=True)
     print(describe_schedule(schedule), flush=True)
-    rows: dict[str, dict] = {}
-    python = None
-    for system in args.systems:
-        run_dir = runs / system
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a syncer resumes from an existing state dir: start fresh
-        started = time.monotonic()
-        print(f"\n[{system}] running ...", flush=True)
+    def run_one(system: str, run_dir: Path) -> dict:
+        if system == "torchft":
+            from bench.peers.torchft_env import ensure_torchft
+            python = ensure_torchft()
+            if python is None:
+                raise RuntimeError("torchft could not be installed (reason above); the Islands rows stand")
+            print("  torchft has no proxy on its links: applying the kills only "
+                  "(the partition and the latency are skipped)", flush=True)
+            return run_torchft(schedule, run_dir, args.duration, python, args.gap_threshold, args.step_time,
+                               args.warm_spares)
+        return run_islands(system, schedule, run_dir, args.duration, args.gap_threshold, args.step_time,
+                           args.warm_spares, args.adopt)
+
+    def report(system: str, row: dict, run_dir: Path) -> None:
+        print(f"  goodput {_cell(row['goodput_available'], '.1%')} of available capacity "
+              f"({_cell(row['goodput'], '.1%')} of all), downtime {row['downtime']['seconds']:.1f} s, "
+              f"final loss {_cell(row.get('final_loss'), '.4f')}, {row['tokens_processed']:,} tokens, "
+              f"checks {row['checks']}, {row['elapsed_seconds']:.0f} s", flush=True)
         try:
-            if system == "torchft":
-                from bench.peers.torchft_env import ensure_torchft
-                python = ensure_torchft()
-                if python is None:
-                    raise RuntimeError("torchft could not be installed (reason above); the Islands rows stand")
-                print("  torchft has no proxy on its links: applying the kills only "
-                      "(the partition and the latency are skipped)", flush=True)
-                row = run_torchft(schedule, run_dir, args.duration, python, args.gap_threshold, args.step_time,
-                                  args.warm_spares)
-            else:
-                row = run_islands(system, schedule, run_dir, args.duration, args.gap_threshold, args.step_time,
-                                  args.warm_spares, args.adopt)
-        except Exception as exc:  # noqa: BLE001 - one system failing must not hide the others
-            row = {"system": system, "error": f"{type(exc).__name__}: {exc}"}
-            print(f"  {system}: {row['error']}", flush=True)
-        row["elapsed_seconds"] = round(time.monotonic() - started, 1)
-        row["run_dir"] = str(run_dir)
-        rows[system] = row
-        if not row.get("error"):
-            print(f"  goodput {_cell(row['goodput_available'], '.1%')} of available capacity "
-                  f"({_cell(row['goodput'], '.1%')} of all), downtime {row['downtime']['seconds']:.1f} s, "
-                  f"final loss {_cell(row.get('final_loss'), '.4f')}, {row['tokens_processed']:,} tokens, "
-                  f"checks {row['checks']}, {row['elapsed_seconds']:.0f} s", flush=True)
-            try:
-                png = out.parent / f"goodput-{system}.png"
-                plot_system(row, run_dir, png)
-                row["plot"] = str(png)
-            except Exception as exc:  # noqa: BLE001 - the numbers stand without the plot
-                print(f"  plot failed: {type(exc).__name__}: {exc}", flush=True)
+            png = out.parent / f"goodput-{system}.png"
+            plot_system(row, run_dir, png)
+            row["plot"] = str(png)
+        except Exception as exc:  # noqa: BLE001 - the numbers stand without the plot
+            print(f"  plot failed: {type(exc).__name__}: {exc}", flush=True)
+
+    rows = run_systems(args.systems, runs, run_one, report)
     verdicts = goals(rows)
     total = time.monotonic() - began
     print(f"\ngoodput under one schedule (seed {schedule.seed}, {args.duration:g} s each, {LEARNERS} learners; "

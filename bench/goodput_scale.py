@@ -61,7 +61,6 @@ import os
 import platform
 import random
 import shlex
-import shutil
 import statistics
 import sys
 import threading
@@ -332,6 +331,12 @@ def window_tokens(run_dir: Path, row: dict, duration: float) -> float:
     return merged_in(read_events(run_dir), float(row["window"][0]), duration)
 
 
+def faults_applied(run_dir: Path) -> int:
+    """Faults the controller started successfully (its history's `start` entries)."""
+    from chaos.controller import HISTORY_FILE, read_history
+    return sum(1 for h in read_history(run_dir / HISTORY_FILE) if h.get("event") == "start" and h.get("ok"))
+
+
 def compare(rows: dict[str, dict], duration: float) -> dict:
     """The write-up's measure and the loss against the twin, when both ran."""
     chaos, twin = rows.get("chaos"), rows.get("twin")
@@ -523,30 +528,20 @@ def main(argv: list[str] | None = None) -> int:
           f"systems {', '.join(args.systems)}; schedule {schedule.name}: {len(schedule.faults)} faults "
           f"{fault_counts(schedule)}", flush=True)
     began = time.monotonic()
-    rows: dict[str, dict] = {}
-    for system in args.systems:
-        run_dir = runs / system
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a syncer resumes from an existing state dir: start fresh
-        started = time.monotonic()
-        print(f"\n[{system}] running ...", flush=True)
-        try:
-            row = run_system(system, schedule, run_dir, args)
-            seconds = args.torchft_duration if system == "torchft" else args.duration
-            row["tokens_merged_window"] = window_tokens(run_dir, row, seconds)
-            from chaos.controller import HISTORY_FILE, read_history
-            applied = [h for h in read_history(run_dir / HISTORY_FILE) if h.get("event") == "start" and h.get("ok")]
-            row["faults_applied_count"] = len(applied)
-        except Exception as exc:  # noqa: BLE001 - one system failing must not hide the others
-            row = {"system": system, "error": f"{type(exc).__name__}: {exc}"}
-            print(f"  {system}: {row['error']}", flush=True)
-        row["elapsed_seconds"] = round(time.monotonic() - started, 1)
-        row["run_dir"] = str(run_dir)
-        rows[system] = row
-        if not row.get("error"):
-            print(f"  {row['tokens_merged_window'] / 1e6:.2f} M tokens merged in the window, goodput "
-                  f"{_pct(row['goodput_available'])} of available capacity, downtime {row['downtime']['seconds']:.1f} s, "
-                  f"final loss {row.get('final_loss')}, {row['elapsed_seconds']:.0f} s", flush=True)
+
+    def run_one(system: str, run_dir: Path) -> dict:
+        row = run_system(system, schedule, run_dir, args)
+        row["tokens_merged_window"] = window_tokens(run_dir, row, args.torchft_duration if system == "torchft"
+                                                    else args.duration)
+        row["faults_applied_count"] = faults_applied(run_dir)
+        return row
+
+    def report(system: str, row: dict, run_dir: Path) -> None:
+        print(f"  {row['tokens_merged_window'] / 1e6:.2f} M tokens merged in the window, goodput "
+              f"{_pct(row['goodput_available'])} of available capacity, downtime {row['downtime']['seconds']:.1f} s, "
+              f"final loss {row.get('final_loss')}, {row['elapsed_seconds']:.0f} s", flush=True)
+
+    rows = goodput.run_systems(args.systems, runs, run_one, report)
     comparison = compare(rows, args.duration)
     if comparison:
         try:

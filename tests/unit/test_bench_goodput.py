@@ -363,3 +363,21 @@ def test_median_of_prints_the_table_and_refuses_an_unreadable_file(tmp_path, cap
     assert (tmp_path / "median.json").is_file()
     assert goodput.summarize_runs([str(tmp_path / "missing.json")], None) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_run_systems_starts_each_fresh_and_a_failure_hides_no_other(tmp_path, capsys):
+    stale = tmp_path / "sync" / "state"
+    stale.mkdir(parents=True)
+    reported: list[str] = []
+
+    def run_one(system, run_dir):
+        assert not run_dir.exists(), "a system must start in a fresh run directory"
+        if system == "sync":
+            raise RuntimeError("boom")
+        return {"system": system, "ok": True}
+
+    rows = goodput.run_systems(["sync", "decoupled"], tmp_path, run_one, lambda s, row, d: reported.append(s))
+    assert rows["sync"]["error"] == "RuntimeError: boom" and rows["decoupled"]["ok"]
+    assert reported == ["decoupled"], "only a system that ran is reported"
+    assert all(r["run_dir"] == str(tmp_path / s) and r["elapsed_seconds"] >= 0 for s, r in rows.items())
+    assert "sync: RuntimeError: boom" in capsys.readouterr().out
