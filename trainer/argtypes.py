@@ -25,6 +25,16 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def on_off(text: str) -> bool:
+    """on/off (also true/false, yes/no, 1/0): a switch that `forward_flags` can hand on as text."""
+    value = text.strip().lower()
+    if value in ("on", "true", "yes", "1"):
+        return True
+    if value in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 
 from .codec import ENCODINGS
+from .fragments import FRAGMENT_LAYOUTS
 from .config import ADOPT_MODES, GRACE_POLICIES, MODES, MOMENTUM_UNITS, PULL_ENCODINGS, SyncerConfig, TrainConfig
 from .outer import STALENESS_POLICIES
 from .model import ModelConfig
 from .device import PRECISIONS
 from .task import TaskError, resolve_spec
-from .argtypes import device_arg, non_negative_int, positive_float, positive_int, rounds_or_auto  # noqa: F401 (re-exported)
+from .argtypes import device_arg, non_negative_float, non_negative_int, on_off, positive_float, positive_int, rounds_or_auto  # noqa: F401 (re-exported)
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +44,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sync-every", "-H", type=positive_int, default=TrainConfig.sync_every,
                    help="H: inner steps between two exchanges of a fragment")
     g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
+    g.add_argument("--fragment-layout", choices=FRAGMENT_LAYOUTS, default=TrainConfig.fragment_layout,
+                   help="balanced: fragments of equal parameter counts; strided: layer i in fragment i mod P, as in "
+                        "Streaming DiLoCo (needs at least P numbered layers) (default balanced)")
     g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
     g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
     g.add_argument("--adopt", choices=ADOPT_MODES, default=TrainConfig.adopt,
@@ -57,6 +61,10 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="pushes of one fragment a learner may have sent before it adopts the merge holding the "
                         "first; a due push waits (the learner keeps training) until then (default 1: every push "
                         "is measured from a global version its learner adopted)")
+    g.add_argument("--final-round", type=on_off, default=TrainConfig.final_round, metavar="on|off",
+                   help="on: a learner's clean stop pushes every fragment as its last, and the syncer merges the live "
+                        "learners' last pushes together into their token-weighted mean; off: the residual pushes "
+                        "merge like any other, weighed by their share of a round (default on)")
     g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval)
     g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout)
     g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout)
@@ -111,6 +119,9 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
     a.add_argument("--max-norm-ratio", type=positive_float, default=SyncerConfig.max_norm_ratio,
                    help="refuse a push whose per-round pseudo-gradient norm exceeds this multiple of the median "
                         "of the fragment's recent accepted pushes (default 10)")
+    g.add_argument("--final-wait", type=non_negative_float, default=SyncerConfig.final_wait, metavar="SECONDS",
+                   help="how long the final round waits for the live learners' last pushes after the first "
+                        "(default 10)")
     g.add_argument("--eval-budget", type=positive_float, default=SyncerConfig.eval_budget,
                    help="share of one core the syncer may spend sampling the global parameters' held-out "
                         "loss during the run (global_eval events; needs --eval-data) (default 0.1)")
@@ -123,6 +134,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
         return TrainConfig(
             model=model, task=resolve_spec(args.task), precision=args.precision, mode=args.mode, seed=args.seed, num_learners=num_learners,
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
+            fragment_layout=args.fragment_layout, final_round=args.final_round,
             adopt=args.adopt,
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
             inner_warmup=args.inner_warmup,
@@ -139,7 +151,7 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
                   host: str = "127.0.0.1", port: int = 0, eval_data: str = "") -> SyncerConfig:
     try:
         return SyncerConfig(host=host, port=port, state_dir=state_dir, outer_lr=args.outer_lr,
-                            eval_data=eval_data, eval_budget=args.eval_budget,
+                            eval_data=eval_data, eval_budget=args.eval_budget, final_wait=args.final_wait,
                             outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
                             max_staleness=args.max_staleness, max_payload=args.max_payload,
                             max_connections=args.max_connections, max_unauthenticated=args.max_unauthenticated,
@@ -164,7 +176,7 @@ def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
     for flag in ("precision", "seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "sync_every",
-                 "fragments", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
+                 "fragments", "fragment_layout", "final_round", "final_wait", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
                  "max_payload", "max_connections", "max_unauthenticated", "handshake_timeout", "idle_timeout",

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from .codec import check_encoding
 from .device import PRECISIONS
-from .fragments import validate_schedule
+from .fragments import FRAGMENT_LAYOUTS, validate_schedule
 from .model import ModelConfig
 from .outer import STALENESS_POLICIES, OuterConfig
 
@@ -45,6 +45,8 @@ class TrainConfig:
     request_timeout: float = 5.0
     max_unsent_pushes: int = 8
     push_window: int = 1           # pushes of one fragment sent and not yet adopted (1: no pipelining)
+    final_round: bool = True       # a clean stop pushes every fragment as `final`: the syncer averages them together
+    fragment_layout: str = "balanced"  # balanced | strided (fragments.py)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -56,6 +58,11 @@ class TrainConfig:
         if self.num_learners < 1:
             raise ValueError(f"learners: must be >= 1, got {self.num_learners}")
         validate_schedule(self.sync_every, self.fragments, self.overlap)
+        if self.fragment_layout not in FRAGMENT_LAYOUTS:
+            raise ValueError(f"fragment-layout: must be one of {', '.join(FRAGMENT_LAYOUTS)}, "
+                             f"got {self.fragment_layout!r}")
+        if not isinstance(self.final_round, bool):
+            raise ValueError(f"final-round: must be true or false, got {self.final_round!r}")
         if not 0.0 <= self.alpha < 1.0:
             raise ValueError(f"alpha: must be in [0, 1), got {self.alpha}")
         if self.adopt not in ADOPT_MODES:
@@ -136,6 +143,7 @@ class SyncerConfig:
     sync_checkpoint_every: int = 50  # sync mode: rounds between durable checkpoints
     eval_data: str = ""            # held-out data for sampling Θ's loss during the run ("" = none)
     eval_budget: float = 0.1       # ... using at most this fraction of one core
+    final_wait: float = 10.0       # seconds a final round waits for the live learners' last pushes
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -176,6 +184,8 @@ class SyncerConfig:
         OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum
         if not 0 < self.eval_budget <= 1:
             raise ValueError(f"eval-budget: must be in (0, 1], got {self.eval_budget}")
+        if not 0 <= self.final_wait <= 3600:
+            raise ValueError(f"final-wait: must be in [0, 3600] seconds, got {self.final_wait}")
         if self.sync_checkpoint_every < 1:
             raise ValueError(f"sync-checkpoint-every: must be >= 1, got {self.sync_checkpoint_every}")
 

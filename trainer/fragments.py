@@ -1,12 +1,21 @@
 """Fragments: the units of synchronisation (Streaming DiLoCo).
 
-Parameters are split into P fragments balanced by parameter count, each synchronised
-every H inner steps on its own staggered clock. P=1 is plain DiLoCo. The partition depends only on the model's parameter names and shapes, so the
-syncer and every learner compute the same one; the syncer still sends it in WELCOME so
-that a learner never guesses.
+Parameters are split into P fragments, each synchronised every H inner steps on its own
+staggered clock. P=1 is plain DiLoCo. Two layouts:
+
+- balanced: tensors packed by size so every fragment holds about the same parameter count;
+- strided (Streaming DiLoCo): layer i goes to fragment i mod P, so each fragment spans the
+  whole depth of the network and the fragments synchronised at different times are
+  interleaved, not contiguous blocks; tensors outside the numbered layers (embeddings, the
+  final norm) are packed onto the lightest fragments.
+
+The partition depends only on the model's parameter names and shapes, so the syncer and
+every learner compute the same one; the syncer still sends it in WELCOME so that a
+learner never guesses.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import torch
@@ -19,17 +28,46 @@ class Fragment:
     numel: int
 
 
-def partition(shapes: dict[str, torch.Size], num_fragments: int) -> list[Fragment]:
-    """Greedy longest-processing-time assignment: biggest tensors first, to the lightest."""
+FRAGMENT_LAYOUTS = ("balanced", "strided")
+# The layer index of a parameter name: the first dotted component that is a number
+# (`blocks.3.attn.qkv.weight`, `model.layers.11.mlp.up_proj.weight`, `h.0.ln_1.bias`).
+LAYER_INDEX = re.compile(r"(?:^|\.)(\d+)(?:\.|$)")
+
+
+def layer_of(name: str) -> int | None:
+    match = LAYER_INDEX.search(name)
+    return int(match.group(1)) if match else None
+
+
+def partition(shapes: dict[str, torch.Size], num_fragments: int, layout: str = "balanced") -> list[Fragment]:
+    """The fragments of a model, in one of FRAGMENT_LAYOUTS (see the module docstring)."""
     if num_fragments < 1:
         raise ValueError(f"fragments: must be >= 1, got {num_fragments}")
     if num_fragments > len(shapes):
         raise ValueError(f"fragments: {num_fragments} exceeds the {len(shapes)} parameter tensors")
+    if layout not in FRAGMENT_LAYOUTS:
+        raise ValueError(f"fragment-layout: must be one of {', '.join(FRAGMENT_LAYOUTS)}, got {layout!r}")
     order = list(shapes)
     sizes = {n: int(torch.Size(s).numel()) for n, s in shapes.items()}
     bins: list[list[str]] = [[] for _ in range(num_fragments)]
     loads = [0] * num_fragments
-    for name in sorted(order, key=lambda n: (-sizes[n], order.index(n))):
+    rest = order
+    if layout == "strided":
+        layers = sorted({i for i in map(layer_of, order) if i is not None})
+        if len(layers) < num_fragments:
+            raise ValueError(f"fragment-layout: strided needs at least as many numbered layers as fragments; "
+                             f"the model has {len(layers)} ({', '.join(map(str, layers)) or 'none'}) "
+                             f"for {num_fragments} fragments")
+        slot = {layer: k % num_fragments for k, layer in enumerate(layers)}
+        rest = []
+        for name in order:
+            layer = layer_of(name)
+            if layer is None:
+                rest.append(name)
+            else:
+                bins[slot[layer]].append(name)
+                loads[slot[layer]] += sizes[name]
+    for name in sorted(rest, key=lambda n: (-sizes[n], order.index(n))):
         target = min(range(num_fragments), key=lambda i: (loads[i], i))
         bins[target].append(name)
         loads[target] += sizes[name]

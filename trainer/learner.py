@@ -286,7 +286,7 @@ class Learner:
         worker.start()
         step = 0
 
-        def push(f: int, residual: bool = False) -> None:
+        def push(f: int, residual: bool = False, final: bool = False) -> None:
             nonlocal seq
             seq += 1
             with torch.no_grad():
@@ -294,7 +294,8 @@ class Learner:
                 refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
             delta = {n: d.cpu() for n, d in delta.items()}  # encoded on the host
             self.queue.put(OutgoingPush(f, seq, self.adopted_versions[f], tokens_since[f], steps_since[f],
-                                        self.position, delta, created_step=step, residual=residual))
+                                        self.position, delta, created_step=step, residual=residual,
+                                        final=final))
             tokens_since[f] = steps_since[f] = 0
             last_push_step[f] = step
             clock.synced(f, step)
@@ -319,7 +320,8 @@ class Learner:
             self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
                              position=self.position)
-            for f in clock.due(step):
+            last_step = self.opts.max_steps is not None and step >= self.opts.max_steps
+            for f in ([] if last_step and cfg.final_round else clock.due(step)):  # the final round pushes all
                 with self._versions_lock:  # against _send_push marking a push of f as sent
                     self._release_answered(f)
                     if len(self.awaiting[f]) < cfg.push_window:
@@ -330,7 +332,7 @@ class Learner:
         self._report_final_params()
         for f in range(len(self.fragment_names)):  # the residual progress is not thrown away
             if steps_since[f]:
-                push(f, residual=True)
+                push(f, residual=True, final=cfg.final_round)
         self.closing.set()
         self.queue.notify()
         drained = self.queue.wait_empty(self.opts.drain_timeout)
@@ -499,6 +501,8 @@ class Learner:
                       "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
                       "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding,
                       "step_tokens": max(1, self.step_tokens)}
+            if item.final:
+                header["final"] = 1
             item.message = wire.message(wire.PUSH, header, encode(item.delta, self.cfg.encoding))
         item.attempts += 1
         started = time.monotonic()
@@ -511,7 +515,7 @@ class Learner:
         self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
                          base_version=item.base_version, tokens=item.tokens, steps=item.steps,
                          wire_bytes=item.message.wire_size, encoding=self.cfg.encoding, status=status, version=version,
-                         attempts=item.attempts, coalesced=item.coalesced, residual=item.residual,
+                         attempts=item.attempts, coalesced=item.coalesced, residual=item.residual, final=item.final,
                          latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
 
     def _await_version(self, fragment: int, version: int, seq: int) -> None:

@@ -221,3 +221,25 @@ def merge(contribs: list[Contribution], expected_tokens: float = 0.0, sync_every
             else:
                 out[name] = d.mul(scale)
     return out, weights
+
+
+def final_average(contribs: list[Contribution]) -> tuple[dict[str, torch.Tensor], list[float]]:
+    """The final round's step: Σ_l w_l·D_l over learners l, where D_l sums learner l's
+    pushes (successive pushes of one learner are successive stretches of its progress, so
+    they add) and w_l = its tokens / all tokens (equal shares when no tokens were
+    reported). Returns the step and, per contribution, the weight its learner got."""
+    if not contribs:
+        raise ValueError("final_average needs at least one contribution")
+    tokens: dict[int, int] = {}
+    for c in contribs:
+        tokens[c.learner] = tokens.get(c.learner, 0) + max(0, c.tokens)
+    total = sum(tokens.values())
+    share = {l: (t / total if total > 0 else 1.0 / len(tokens)) for l, t in tokens.items()}
+    out: dict[str, torch.Tensor] = {}
+    for c in contribs:
+        for name, d in c.delta.items():
+            if name in out:
+                out[name].add_(d, alpha=share[c.learner])
+            else:
+                out[name] = d.mul(share[c.learner])
+    return out, [share[c.learner] for c in contribs]

@@ -28,6 +28,7 @@ class OutgoingPush:
     delta: dict[str, torch.Tensor] = field(repr=False)
     created_step: int = 0
     residual: bool = False  # the progress left at a clean stop, pushed whatever --push-window says
+    final: bool = False     # ... and marked as this learner's last push of the fragment (the final round)
     attempts: int = 0
     message: Message | None = field(default=None, repr=False)  # fixed at the first attempt
     coalesced: int = 0
@@ -54,6 +55,7 @@ class PushQueue:
                     item.steps += push.steps
                     item.position = push.position
                     item.residual = item.residual or push.residual
+                    item.final = item.final or push.final
                     item.coalesced += 1 + push.coalesced
                     self.coalesced += 1
                     self._cond.notify_all()

@@ -34,8 +34,8 @@ from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
 from .signals import stop_on_signals
 from .task import load_task
-from .outer import (Contribution, OuterConfig, delayed_nesterov_step, merge, merge_weights, nesterov_step, push_id,
-                    round_fraction, round_scale, staleness_factors)
+from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_average, merge, merge_weights,
+                    nesterov_step, push_id, round_fraction, round_scale, staleness_factors)
 from .protocol import FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
 from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
@@ -102,6 +102,7 @@ class PendingPush:
     encoding: str
     path: Path
     accepted_at: float
+    final: bool = False  # its learner's last push of the fragment: it waits for the final round
 
 
 @dataclass
@@ -203,7 +204,7 @@ class Syncer:
         model = self.task.model(train.seed)
         self.step_tokens: dict[int, float] = {}  # learner → tokens per inner step of its pushes
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
-        self.specs = partition(self.shapes, train.fragments)
+        self.specs = partition(self.shapes, train.fragments, train.fragment_layout)
         self.defect = defects.active()
         self._last_flush = time.monotonic()  # the ack_before_durable defect's batch starts now
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
@@ -297,7 +298,8 @@ class Syncer:
         delta = decode(parts, str(meta["encoding"]), {n: self.shapes[n] for n in spec.names})
         c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
                          int(meta["tokens"]), int(meta["base_version"]), delta, int(meta["steps"]))
-        return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic())
+        return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic(),
+                           final=bool(wire.header_int(meta, "final", 0, 1)) if "final" in meta else False)
 
     def _make_evaluator(self) -> GlobalEvaluator | None:
         if not self.cfg.eval_data:
@@ -386,7 +388,8 @@ class Syncer:
                 for frag in self.frags:
                     if frag.pending:
                         self._merge(frag, reason="final", grace={"policy": self.cfg.grace_policy, "waited": None,
-                                                                 "why": "final merge at stop"})
+                                                                 "why": "final merge at stop"},
+                                    final=any(p.final for p in frag.pending))
             else:
                 self.sync.checkpoint(self.store)
         self._write_meta()
@@ -641,6 +644,7 @@ class Syncer:
         steps = wire.header_int(h, "steps")
         position = wire.header_int(h, "position")
         encoding = wire.header_str(h, "encoding")
+        final = bool(wire.header_int(h, "final", 0, 1)) if "final" in h else False
         # Tokens per inner step, as the task counts them (optional: else the push's own mean).
         step_tokens = wire.header_int(h, "step_tokens", 1) if "step_tokens" in h else (tokens / steps if steps else 0)
         spec = self.specs[index]
@@ -680,7 +684,8 @@ class Syncer:
         if status == Status.ACCEPTED:
             contribution = Contribution(learner, incarnation, seq, tokens, base_version, delta, steps)
             meta = {"fragment": index, "learner": learner, "incarnation": incarnation, "seq": seq,
-                    "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding}
+                    "tokens": tokens, "steps": steps, "base_version": base_version, "encoding": encoding,
+                    "final": int(final)}
             path = self.store.pending_path(index, ident)
             accepted: dict[str, int] = {}
 
@@ -692,7 +697,7 @@ class Syncer:
                 # being written now, which took its pushes before this one arrived.
                 accepted["version"] = frag.version + (1 if frag.writing else 0)
                 accepted_at = time.monotonic()
-                frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at))
+                frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at, final))
                 frag.note_arrival(learner, incarnation, accepted_at)
                 m.position = max(m.position, position)
                 m.tokens += tokens
@@ -721,7 +726,7 @@ class Syncer:
             self.events.emit("push_accepted", learner=learner, incarnation=incarnation, seq=seq, id=ident,
                              fragment=index, base_version=base_version, version=version, tokens=tokens,
                              steps=steps, encoding=encoding, wire_bytes=frame.wire_bytes, state_bytes=nbytes,
-                             commit_group=group)
+                             commit_group=group, final=final)
         elif status == Status.DUPLICATE:
             self.events.emit("push_duplicate", learner=learner, incarnation=incarnation, seq=seq, id=ident,
                              fragment=index)
@@ -836,6 +841,8 @@ class Syncer:
         policy = self.cfg.grace_policy
         if not frag.pending:
             return None, {}
+        if any(p.final for p in frag.pending):
+            return self._decide_final(frag, now)
         reporters = {p.contribution.learner for p in frag.pending}
         k = self._effective_quorum()
         if len(reporters) >= k:
@@ -862,6 +869,25 @@ class Syncer:
                             "why": f"only late pushes, no fresh one for {late_after:.2f} s"}
         return None, {}
 
+    def _decide_final(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
+        """A learner's last push of this fragment is pending: the final round.
+
+        It merges once every live learner's last push is in (a learner that has said BYE is
+        no longer live), or --final-wait seconds after the first one came, so a learner that
+        died or lags far behind never holds the others' end back. Until then nothing of the
+        fragment merges: a regular push that arrives meanwhile joins its learner's share of
+        the round."""
+        finals = [p for p in frag.pending if p.final]
+        done = {p.contribution.learner for p in finals}
+        missing = sorted({m.learner for m in self.members.alive()} - done)
+        opened = min(p.accepted_at for p in finals)
+        info = {"policy": "final", "waited": round(now - opened, 4), "missing": missing}
+        if not missing:
+            return "final-round", {**info, "why": f"the last push of every live learner ({len(done)})"}
+        if now - opened >= self.cfg.final_wait:
+            return "final-timeout", {**info, "why": f"{self.cfg.final_wait:g} s after the first last push"}
+        return None, {}
+
     def _merge_loop(self) -> None:
         if self.sync is not None:
             return
@@ -873,7 +899,7 @@ class Syncer:
                     why, grace = self._decide(frag, now)
                     if why and self._running:
                         try:
-                            self._merge(frag, reason=why, grace=grace)
+                            self._merge(frag, reason=why, grace=grace, final=why.startswith("final"))
                         except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
                             self.counters["merge_errors"] += 1
                             self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
@@ -896,8 +922,10 @@ class Syncer:
         per_step = sum(self.step_tokens.get(m.learner, mean) for m in self.members.weighed())
         return float(self.train.sync_every * per_step)
 
-    def _outer_step(self, frag: FragmentState, contribs: list[Contribution]) -> "OuterStep":
+    def _outer_step(self, frag: FragmentState, contribs: list[Contribution], final: bool = False) -> "OuterStep":
         """The new state of a fragment after merging `contribs`, computed on copies."""
+        if final:
+            return self._final_step(frag, contribs)
         expected = self._round_tokens(contribs)
         policy = self.cfg.staleness_policy
         staleness = [frag.version - c.base_version for c in contribs]
@@ -924,8 +952,27 @@ class Syncer:
         return OuterStep(expected, staleness, raw, factors, weights, params, momentum, accum, accum_count, outer,
                          finite)
 
-    def _mergeable_step(self, frag: FragmentState,
-                        taken: list[PendingPush]) -> tuple["OuterStep | None", list[PendingPush]]:
+    def _final_step(self, frag: FragmentState, contribs: list[Contribution]) -> "OuterStep":
+        """The final round: Θ ← Θ − Σ_l w_l·D_l, where D_l is all of learner l's progress not
+        yet merged (the sum of its pending pushes) and w_l its share of their tokens. With
+        every learner in, Θ becomes the token-weighted mean of the learners' last models.
+        No outer momentum or learning rate: nothing comes after this step to correct an
+        extrapolation, and a weight per round (steps/H) would apply only part of a short
+        last stretch, leaving fragments at different points of training."""
+        delta, weights = final_average(contribs)
+        params = {n: t.clone() for n, t in frag.params.items()}
+        with torch.no_grad():
+            for name, d in delta.items():
+                params[name].sub_(d)
+        momentum = {n: t.clone() for n, t in frag.momentum.items()}
+        accum = {n: t.clone() for n, t in frag.accum.items()}
+        staleness = [frag.version - c.base_version for c in contribs]
+        finite = all(bool(torch.isfinite(t).all()) for t in params.values())
+        return OuterStep(0.0, staleness, weights, [1.0] * len(contribs), weights, params, momentum, accum,
+                         frag.accum_count, {"step": "final-average", "momentum_step": False}, finite)
+
+    def _mergeable_step(self, frag: FragmentState, taken: list[PendingPush],
+                        final: bool = False) -> tuple["OuterStep | None", list[PendingPush]]:
         """The outer step over the pushes that can be merged, and those pushes. A push that
         makes the merge raise or turn Θ non-finite is quarantined, and the merge goes on
         with the others: one bad push never takes the good ones down with it, and a
@@ -933,7 +980,7 @@ class Syncer:
         kept = list(taken)
         for _ in range(len(taken)):
             try:
-                step = self._outer_step(frag, [p.contribution for p in kept])
+                step = self._outer_step(frag, [p.contribution for p in kept], final)
                 if step.finite:
                     return step, kept
                 reason, detail = Reason.NONFINITE_MERGE, "merging it would make the global parameters non-finite"
@@ -958,7 +1005,7 @@ class Syncer:
                 return p
         return max(kept, key=lambda p: tensor_norm(p.contribution.delta))
 
-    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None) -> None:
+    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None, final: bool = False) -> None:
         """Apply one outer step to a fragment. Called under the lock, which it releases
         while the new state is written.
 
@@ -970,7 +1017,7 @@ class Syncer:
         taken = list(frag.pending)
         frag.pending = []
         frag.merging.update(p.contribution.ident for p in taken)
-        step, taken = self._mergeable_step(frag, taken)
+        step, taken = self._mergeable_step(frag, taken, final)
         if step is None:  # every push was quarantined: nothing to commit
             return
         contribs = [p.contribution for p in taken]
@@ -1019,7 +1066,7 @@ class Syncer:
         frag.merging.difference_update(c.ident for c in contribs)
         self.counters["merges"] += 1
         self.events.emit(
-            "merge", fragment=frag.spec.index, version=version, reason=reason,
+            "merge", fragment=frag.spec.index, version=version, reason=reason, final=final,
             quorum=self._effective_quorum(), alive=[m.learner for m in self.members.alive()],
             staleness_policy=policy, grace_policy=self.cfg.grace_policy,
             grace=grace or {"policy": self.cfg.grace_policy, "waited": None, "why": "merged directly"},

@@ -37,7 +37,9 @@ def _params(seed: int) -> dict[str, torch.Tensor]:
 def test_held_out_is_a_fixed_set_that_only_the_parameters_change() -> None:
     corpus = load_corpus("markov")
     a, b = held_out(SMALL, 0, corpus), held_out(SMALL, 0, corpus)
-    assert all(x.shape[0] == EVAL_BATCH_SIZE for x, _ in a.batches)
+    assert all(x.shape[0] == EVAL_BATCH_SIZE for x, _ in a.batches[:-1])
+    _, val = corpus.split()  # the whole held-out split, not its first batches
+    assert sum(x.numel() for x, _ in a.batches) == (len(val) - 1) // SMALL.block_size * SMALL.block_size
     assert a.loss(_params(0)) == b.loss(_params(0))
     assert a.loss(_params(0)) != a.loss(_params(1))
 
