@@ -61,6 +61,9 @@ class TrainConfig:
         if self.fragment_layout not in FRAGMENT_LAYOUTS:
             raise ValueError(f"fragment-layout: must be one of {', '.join(FRAGMENT_LAYOUTS)}, "
                              f"got {self.fragment_layout!r}")
+        if self.fragment_layout == "strided" and self.task == "gpt" and self.model.n_layer < self.fragments:
+            raise ValueError(f"fragment-layout: strided puts layer i in fragment i mod P, so it needs at least P "
+                             f"layers; the model has {self.model.n_layer} (--n-layer) for {self.fragments} fragments")
         if not isinstance(self.final_round, bool):
             raise ValueError(f"final-round: must be true or false, got {self.final_round!r}")
         if not 0.0 <= self.alpha < 1.0:

@@ -912,15 +912,31 @@ class Syncer:
         return self.outer.momentum * (min(1.0, rounds / warmup) if warmup > 0 else 1.0)
 
     def _round_tokens(self, contribs: list[Contribution]) -> float:
-        """The weight denominator of a merge: a full round's tokens, H inner steps of every
-        weighed learner at its own tokens per step (a task decides what a step weighs; a
-        learner not heard from yet counts at the mean of the others, or of these pushes)."""
+        """The weight denominator of a merge: the tokens of a full round, in which every
+        weighed learner would have reported. The learners that did report count with the
+        tokens they pushed; each one missing counts with as many steps as the reporters'
+        pushes span (at most H) at its own tokens per step (a task decides what a step
+        weighs; a learner not heard from yet counts at the mean of the others).
+
+        So a round in which everyone reported has weights summing to 1 however many steps
+        its pushes span: the first, staggered push of fragment f spans (f+1)·H/P steps and a
+        final push only the last stretch, and weighing them by steps/H instead threw most of
+        that progress away (issue 18: the first round moved fragment 0 by a quarter of the
+        learners' progress). A lone push of one of two learners still weighs 1/2."""
+        reported: dict[int, tuple[int, int]] = {}
+        for c in contribs:
+            tokens, steps = reported.get(c.learner, (0, 0))
+            reported[c.learner] = (tokens + max(0, c.tokens), steps + max(0, c.steps))
+        total = float(sum(t for t, _ in reported.values()))
+        missing = [m.learner for m in self.members.weighed() if m.learner not in reported]
+        if not missing:
+            return total
         known = list(self.step_tokens.values()) or [c.tokens / c.steps for c in contribs if c.steps > 0]
         if not known:
-            return 0.0
+            return total
         mean = sum(known) / len(known)
-        per_step = sum(self.step_tokens.get(m.learner, mean) for m in self.members.weighed())
-        return float(self.train.sync_every * per_step)
+        span = min(float(self.train.sync_every), sum(s for _, s in reported.values()) / len(reported))
+        return total + span * sum(self.step_tokens.get(learner, mean) for learner in missing)
 
     def _outer_step(self, frag: FragmentState, contribs: list[Contribution], final: bool = False) -> "OuterStep":
         """The new state of a fragment after merging `contribs`, computed on copies."""

@@ -92,10 +92,12 @@ class Client:
 
 
 def push_frame(learner: int, incarnation: int, seq: int, delta: dict[str, torch.Tensor], base_version: int = 0,
-               fragment: int = 0, tokens: int = TOKENS, position: int = 0, encoding: str = "fp32") -> wire.Message:
+               fragment: int = 0, tokens: int = TOKENS, position: int = 0, encoding: str = "fp32",
+               **extra: object) -> wire.Message:
+    """`extra`: more header fields (`final=1` for a learner's last push)."""
     header = {"learner": learner, "incarnation": incarnation, "seq": seq, "fragment": fragment,
               "base_version": base_version, "tokens": tokens, "steps": H, "position": position,
-              "encoding": encoding}
+              "encoding": encoding, **extra}
     return wire.message(wire.PUSH, header, encode(delta, encoding))
 
 

@@ -18,31 +18,64 @@ def _step(t: float, learner: int, loss: float, tokens: int = 100, **extra) -> di
 
 
 # ----------------------------------------------------------------------------- arms
+def _flag(flags: tuple[str, ...], name: str) -> str:
+    """The value of the last occurrence of `name` (argparse's rule for a repeated flag)."""
+    return flags[len(flags) - 1 - flags[::-1].index(name) + 1]
+
+
 def test_every_arm_has_the_same_token_budget_and_its_defining_flags():
-    arms = {a.name: a for a in parity.build_arms(learners=3, steps=100, sync_every=40)}
-    assert list(arms) == ["sync-dp", "single", "decoupled-p1-fp32", "decoupled-p4-int4-t1"]
+    arms = {a.name: a for a in parity.build_arms(learners=3, steps=100, sync_every=80)}
+    assert list(arms)[:2] == ["sync-dp", "streaming"] and {"diloco-p1-fp32", "single"} <= set(arms)
     assert {a.learners * a.steps for a in arms.values()} == {300}
     assert arms["single"].learners == 1 and arms["single"].mode == "sync"
-    p4 = arms["decoupled-p4-int4-t1"].flags
-    assert p4[p4.index("--fragments") + 1] == "4" and p4[p4.index("--encoding") + 1] == "int4"
-    assert p4[p4.index("--overlap") + 1] == "1" and p4[p4.index("--sync-every") + 1] == "40"
-    p1 = arms["decoupled-p1-fp32"].flags
-    assert p1[p1.index("--fragments") + 1] == "1" and p1[p1.index("--encoding") + 1] == "fp32"
+    target = arms["streaming"].flags
+    assert [_flag(target, f) for f in ("--fragments", "--encoding", "--pull-encoding", "--overlap", "--sync-every",
+                                       "--fragment-layout", "--final-round")] == \
+        ["4", "int4", "bf16", "1", "80", "strided", "on"]
+    p1 = arms["diloco-p1-fp32"].flags
+    assert _flag(p1, "--fragments") == "1" and _flag(p1, "--encoding") == "fp32"
 
 
-@pytest.mark.parametrize("h", [10, 4])
-def test_sync_every_must_allow_four_fragments_and_overlap_one(h):
+def test_each_lever_arm_is_the_streaming_arm_with_one_change():
+    arms = {a.name: a for a in parity.build_arms(learners=2, steps=100, sync_every=80)}
+    target = arms["streaming"].flags
+    levers = {n: a for n, a in arms.items() if a.lever}
+    assert {n.removeprefix("lever:") for n in levers} >= {"no-final-round", "balanced-fragments", "alpha-0.5",
+                                                          "overlap-0", "h-half", "h-double", "nesterov", "pull-fp32"}
+    for name, arm in levers.items():
+        assert arm.flags[:len(target)] == target, name
+        assert len(arm.flags) > len(target) and arm.lever, name
+    assert _flag(levers["lever:h-half"].flags, "--sync-every") == "40"
+    assert _flag(levers["lever:no-final-round"].flags, "--final-round") == "off"
+
+
+def test_arms_are_selected_by_name_and_levers_bring_the_streaming_arm():
+    arms = parity.build_arms(learners=2, steps=100, sync_every=80)
+    assert [a.name for a in parity.select_arms(arms, None)] == ["sync-dp", "streaming"]
+    picked = [a.name for a in parity.select_arms(arms, "nesterov,single")]
+    assert picked == ["sync-dp", "lever:nesterov", "single"]
+    with_levers = [a.name for a in parity.select_arms(arms, "levers")]
+    assert "streaming" in with_levers and sum(n.startswith("lever:") for n in with_levers) >= 8
+    with pytest.raises(ValueError, match="--arms: unknown arm 'nope'"):
+        parity.select_arms(arms, "nope")
+
+
+@pytest.mark.parametrize("h", [12, 4, 64])
+def test_sync_every_must_allow_four_fragments_at_half_h_and_overlap_eight(h):
     with pytest.raises(ValueError, match="--sync-every"):
         parity.build_arms(learners=2, steps=10, sync_every=h)
 
 
 def test_arm_configs_build_the_trainers_own_config():
-    arm = parity.build_arms(learners=4, steps=10, sync_every=80)[3]
-    train, syncer_argv = parity.arm_configs(arm, [*parity.MODEL_FLAGS, "--seed", "7", "--inner-lr", "0.002"])
+    arm = {a.name: a for a in parity.build_arms(learners=4, steps=10, sync_every=80)}["streaming"]
+    small = parity.MODELS["small"].flags
+    train, syncer_argv = parity.arm_configs(arm, [*small, "--seed", "7", "--inner-lr", "0.002"])
     assert (train.fragments, train.encoding, train.overlap, train.sync_every) == (4, "int4", 1, 80)
-    assert (train.model.n_layer, train.model.n_embd, train.batch_size, train.seed) == (1, 32, 8, 7)
+    assert (train.fragment_layout, train.final_round, train.pull_encoding) == ("strided", True, "bf16")
+    assert (train.model.n_layer, train.model.n_embd, train.batch_size, train.seed) == (4, 32, 8, 7)
     assert train.num_learners == 4 and train.inner_lr == 0.002 and train.mode == "decoupled"
     assert syncer_argv[syncer_argv.index("--fragments") + 1] == "4"
+    assert syncer_argv[syncer_argv.index("--fragment-layout") + 1] == "strided"
     assert syncer_argv[syncer_argv.index("--mode") + 1] == "decoupled"
 
 
@@ -63,6 +96,12 @@ def test_quick_preset_and_explicit_values(capsys):
     assert passthrough == ["--inner-lr", "0.001"]
     with pytest.raises(SystemExit):
         parity.parse_args(["--sync-every", "30"])
+    with pytest.raises(SystemExit):
+        parity.parse_args(["--seeds", "0"])
+    args, _ = parity.parse_args(["--model", "default"])
+    preset = parity.MODELS["default"]
+    assert (args.steps, args.sync_every, args.seeds) == (preset.steps, preset.sync_every, 5)
+    assert args.steps // args.sync_every >= 20  # the issue's budget: 20 outer rounds on the 0.83M model
     with pytest.raises(SystemExit):
         parity.parse_args(["--", "--overlap", "2"])
     capsys.readouterr()
@@ -121,46 +160,85 @@ def test_loss_curve_keeps_non_finite_losses_visible():
 
 
 # ----------------------------------------------------------------------------- verdict and table
-def _rows(sync_loss=2.0, target_loss=2.01, sync_bpt=400.0, target_bpt=0.4) -> dict:
-    def row(name, loss, bpt, learners=2, steps=10):
-        tokens = 1000
-        return {"arm": name, "learners": learners, "steps": steps, "tokens": tokens, "final_loss": loss,
-                "bytes_per_token": bpt, "wall_seconds": 1.5,
-                "wire": {"bytes": bpt * tokens, "up": bpt * tokens / 4, "down": bpt * tokens * 3 / 4}}
-    return {"sync-dp": row("sync-dp", sync_loss, sync_bpt), "single": row("single", 1.99, sync_bpt, 1, 20),
-            "decoupled-p1-fp32": row("decoupled-p1-fp32", 2.1, 4.0),
-            "decoupled-p4-int4-t1": row("decoupled-p4-int4-t1", target_loss, target_bpt)}
+def _row(name: str, losses: dict[int, float], bpt: float, lever: str = "", learners: int = 2) -> dict:
+    tokens = 1000
+    return {"arm": name, "lever": lever, "learners": learners, "steps": 10, "tokens": tokens,
+            "losses": losses, "final_loss": sum(losses.values()) / len(losses), "loss_sd": None,
+            "bytes_per_token": bpt, "bytes_per_token_by_seed": {s: bpt for s in losses},
+            "wall_seconds": 1.5, "elapsed_seconds": 2.0,
+            "wire": {"bytes": bpt * tokens, "up": bpt * tokens / 4, "down": bpt * tokens * 3 / 4}}
 
 
-def test_verdict_passes_within_one_percent_and_a_thousandfold_reduction():
-    v = parity.verdict(_rows(target_loss=2.019, target_bpt=0.4))
-    assert v["loss_ok"] and v["reduction_ok"] and v["met"]
-    assert v["loss_gap"] == pytest.approx(0.0095) and v["reduction"] == pytest.approx(1000.0)
+def _rows(target: dict[int, float], target_bpt: float = 0.4, sync_bpt: float = 400.0) -> dict:
+    sync = {0: 2.0, 1: 2.2, 2: 1.9}
+    rows = {"sync-dp": _row("sync-dp", sync, sync_bpt), "streaming": _row("streaming", target, target_bpt),
+            "lever:nesterov": _row("lever:nesterov", {s: v * 1.02 for s, v in target.items()}, target_bpt,
+                                   lever="outer Nesterov")}
+    parity.add_comparisons(rows)
+    return rows
+
+
+def test_the_gap_is_paired_by_seed_with_a_student_t_interval():
+    rows = _rows({0: 2.02, 1: 2.2 * 1.01, 2: 1.9 * 1.005})
+    gap = rows["streaming"]["gap"]
+    assert gap["seeds"] == [0, 1, 2] and gap["gaps"] == pytest.approx([0.01, 0.01, 0.005])
+    assert gap["mean"] == pytest.approx(0.025 / 3)
+    half = 4.303 * gap["sd"] / math.sqrt(3)  # t(0.975, 2 df)
+    assert (gap["low"], gap["high"]) == pytest.approx((gap["mean"] - half, gap["mean"] + half))
+    assert rows["lever:nesterov"]["effect"]["mean"] == pytest.approx(0.02)  # the lever against streaming
+    assert rows["sync-dp"]["gap"]["mean"] == 0 and rows["sync-dp"]["reduction_vs_sync"] == 1
+
+
+def test_verdict_passes_within_one_percent_and_a_thousandfold_reduction_on_every_seed():
+    v = parity.verdict(_rows({0: 2.019, 1: 2.2, 2: 1.9}, target_bpt=0.4))
+    assert v["loss_ok"] and v["reduction_ok"] and v["met"] and v["seeds"] == 3
+    assert v["loss_gap"] == pytest.approx(0.0095 / 3) and v["reduction"] == pytest.approx(1000.0)
 
 
 def test_verdict_fails_each_goal_on_its_own():
-    loss_missed = parity.verdict(_rows(target_loss=2.03))
+    loss_missed = parity.verdict(_rows({0: 2.03, 1: 2.25, 2: 1.93}))
     assert not loss_missed["loss_ok"] and loss_missed["reduction_ok"] and not loss_missed["met"]
-    bytes_missed = parity.verdict(_rows(target_bpt=0.5))
+    bytes_missed = parity.verdict(_rows({0: 2.0, 1: 2.2, 2: 1.9}, target_bpt=0.5))
     assert bytes_missed["loss_ok"] and not bytes_missed["reduction_ok"] and bytes_missed["reduction"] == 800.0
 
 
 def test_a_lower_loss_than_sync_dp_passes():
-    v = parity.verdict(_rows(target_loss=1.9))
+    v = parity.verdict(_rows({0: 1.9, 1: 2.1, 2: 1.8}))
     assert v["loss_ok"] and v["loss_gap"] < 0
 
 
-def test_table_and_verdict_lines_report_gaps_and_reductions():
-    rows = _rows(target_loss=2.03, target_bpt=0.5)
-    parity.add_comparisons(rows)
-    assert rows["sync-dp"]["gap_vs_sync"] == 0 and rows["sync-dp"]["reduction_vs_sync"] == 1
-    table = parity.format_table(rows)
-    lines = table.splitlines()
-    assert len(lines) == 2 + 4 and lines[0].startswith("arm")
-    target = next(line for line in lines if line.startswith("decoupled-p4-int4-t1"))
-    assert "+1.50%" in target and "800.0x" in target and "0.500" in target
+def test_tables_and_verdict_lines_report_paired_gaps_and_reductions():
+    rows = _rows({0: 2.03, 1: 2.2 * 1.015, 2: 1.9 * 1.015}, target_bpt=0.5)
+    lines = parity.format_table(rows).splitlines()
+    assert len(lines) == 2 + 3 and lines[0].startswith("arm")
+    target = next(line for line in lines if line.startswith("streaming"))
+    assert "+1.50% [+1.50, +1.50]" in target and "800x" in target and "0.500" in target
+    levers = parity.format_levers(rows)
+    assert "nesterov" in levers and "+2.00%" in levers and "outer Nesterov" in levers
     text = parity.format_verdict(parity.verdict(rows))
-    assert "within 1% of sync DP: no (gap +1.50%)" in text and "bytes/token: no (800x)" in text
+    assert "over 3 seeds: no (mean gap +1.50% [+1.50, +1.50])" in text and "(at least 800x)" in text
+
+
+def test_combine_seeds_averages_the_figures_keeps_each_seed_and_the_mean_curve():
+    def run(seed, loss, bpt):
+        return {"arm": "a", "seed": seed, "final_loss": loss, "bytes_per_token": bpt, "wall_seconds": 2.0 * seed,
+                "elapsed_seconds": 3.0, "wire": {"bytes": bpt * 10, "up": 1, "down": 3},
+                "end_merge_weights": {0: 1.0}, "final_round": {0: 1.0}, "merges": 3, "sync_rounds": 0,
+                "run_dir": f"r{seed}", "curve": [(1.0, loss), (2.0, loss / 2)] if seed == 1 else [(1.0, loss)]}
+    row = parity.combine_seeds([run(1, 2.0, 0.4), run(2, 2.2, 0.6)])
+    assert row["final_loss"] == pytest.approx(2.1) and row["bytes_per_token"] == pytest.approx(0.5)
+    assert row["losses"] == {1: 2.0, 2: 2.2} and row["wire"]["bytes"] == pytest.approx(5)
+    assert row["loss_sd"] == pytest.approx(0.1414, abs=1e-4)
+    assert row["curve"] == [(1.0, pytest.approx(2.1))]  # the bucket only one seed has is left out
+    assert [r["run_dir"] for r in row["per_seed"]] == ["r1", "r2"]
+
+
+def test_final_round_counts_each_learners_share_once():
+    def merge(fragment, *contribs, final=True):
+        return {"t": 1.0, "kind": "merge", "fragment": fragment, "final": final,
+                "contributors": [{"learner": l, "weight": w} for l, w in contribs]}
+    events = [merge(0, (1, 0.5), (1, 0.5), (2, 0.5)), merge(1, (1, 0.6), (2, 0.4)), merge(2, (1, 1.0), final=False)]
+    assert parity.final_round(events) == {0: 1.0, 1: 1.0}
 
 
 # ----------------------------------------------------------------------------- corpus
@@ -173,6 +251,13 @@ def test_real_text_corpus_is_deterministic_and_large_enough(tmp_path):
     assert parity.resolve_corpus("markov", tmp_path)[0] == "markov"
 
 
+def test_the_code_corpus_is_python_source_of_a_fixed_size(tmp_path):
+    path, source = parity.python_code_corpus(tmp_path, limit=200_000)
+    text = path.read_bytes()
+    assert len(text) == 200_000 and b"def " in text and b"import " in text and "*.py" in source
+    assert parity.resolve_corpus("code", tmp_path)[0].endswith("python-code.txt")
+
+
 def test_end_merge_weights_sum_the_merges_after_the_first_departure():
     def merge(t, fragment, *weights):
         return {"t": t, "kind": "merge", "fragment": fragment, "contributors": [{"weight": w} for w in weights]}
@@ -180,25 +265,3 @@ def test_end_merge_weights_sum_the_merges_after_the_first_departure():
               merge(2.1, 0, 0.6), merge(2.2, 1, 0.3), {"t": 2.5, "kind": "leave", "learner": 2}, merge(2.6, 0, 0.7)]
     assert parity.end_merge_weights(events) == {0: 1.3, 1: 0.3}
     assert parity.end_merge_weights([merge(1.0, 0, 1.0)]) == {}
-
-
-def test_combine_seeds_averages_the_verdicts_figures_and_keeps_each_seed():
-    def run(seed, loss, bpt):
-        return {"seed": seed, "final_loss": loss, "bytes_per_token": bpt, "wall_seconds": 2.0 * seed,
-                "wire": {"bytes": bpt * 10, "up": 1, "down": 3}, "end_merge_weights": {0: 1.0}, "merges": 3,
-                "sync_rounds": 0, "run_dir": f"r{seed}", "curve": [(1.0, loss)]}
-    row = parity.combine_seeds([run(1, 2.0, 0.4), run(2, 2.2, 0.6)])
-    assert row["final_loss"] == pytest.approx(2.1) and row["bytes_per_token"] == pytest.approx(0.5)
-    assert row["final_losses"] == [2.0, 2.2] and row["seeds"] == [1, 2] and row["wire"]["bytes"] == pytest.approx(5)
-    assert row["curve"] == [(1.0, 2.0)] and [r["run_dir"] for r in row["per_seed"]] == ["r1", "r2"]
-
-
-def test_the_bytes_per_token_arms_are_extra_and_valid():
-    four = parity.build_arms(2, 100, 80)
-    every = parity.build_arms(2, 100, 80, extra=True)
-    assert [a.name for a in every] == [a.name for a in four] + list(parity.EXTRA_ARMS)
-    for arm in every[len(four):]:
-        assert arm.learners * arm.steps == 200
-        parity.arm_configs(arm, list(parity.MODEL_FLAGS))  # the trainer accepts every arm's flags
-    streaming = every[-1]
-    assert "--pull-encoding" in streaming.flags and "bf16" in streaming.flags

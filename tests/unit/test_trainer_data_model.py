@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from trainer import data as data_mod
 from trainer.data import Corpus, MarkovSource, ShardSampler, evaluation_batches, load_corpus, load_text
-from trainer.fragments import FragmentClock, partition, validate_schedule
+from trainer.fragments import FragmentClock, layer_of, partition, validate_schedule
 from trainer.model import ModelConfig, build_model, count_parameters
 
 
@@ -436,3 +436,47 @@ def test_pull_encoding_is_validated_naming_the_field() -> None:
     assert TrainConfig(pull_encoding="bf16").pull_encoding == "bf16"
     with pytest.raises(ValueError, match="pull-encoding: must be one of fp32, bf16, got 'int4'"):
         TrainConfig(pull_encoding="int4")
+
+
+def test_strided_fragments_interleave_the_layers_and_pack_the_rest(default_shapes) -> None:
+    frags = partition(default_shapes, 2, "strided")
+    for f in frags:
+        layers = {layer_of(n) for n in f.names} - {None}
+        assert layers == {f.index, f.index + 2}, "layer i goes to fragment i mod P"
+    names = [n for f in frags for n in f.names]
+    assert sorted(names) == sorted(default_shapes) and len(names) == len(set(names))
+    # The embeddings and final norm (no layer number) balance the fragments' sizes.
+    loads = [f.numel for f in partition(default_shapes, 4, "strided")]
+    assert max(loads) / min(loads) <= 1.2, loads
+
+
+def test_strided_fragments_need_a_layer_per_fragment() -> None:
+    shapes = {n: p.shape for n, p in build_model(ModelConfig(n_layer=2, n_embd=16, n_head=2), 0).named_parameters()}
+    with pytest.raises(ValueError, match="fragment-layout: strided needs at least as many numbered layers as "
+                                         "fragments; the model has 2 .0, 1. for 4 fragments"):
+        partition(shapes, 4, "strided")
+    with pytest.raises(ValueError, match="fragment-layout: must be one of balanced, strided"):
+        partition(shapes, 2, "zigzag")
+
+
+@pytest.mark.parametrize("name, layer", [("blocks.3.attn.qkv.weight", 3), ("model.layers.11.mlp.w", 11),
+                                         ("h.0.ln_1.bias", 0), ("tok_emb.weight", None), ("ln_f.bias", None),
+                                         ("w2v.weight", None)])
+def test_layer_of_reads_the_first_numbered_component(name: str, layer: int | None) -> None:
+    assert layer_of(name) == layer
+
+
+def test_a_run_of_a_few_hundred_steps_reads_the_whole_shard() -> None:
+    """Windows spread over the whole shard: before issue 18 a run at the bench's budget read
+    only the first third of each learner's shard."""
+    shard = np.random.default_rng(0).integers(0, 256, size=100_000, dtype=np.uint8)
+    where = {shard[i:i + 8].tobytes(): i for i in range(len(shard) - 8)}  # random 8-byte keys: unique
+    sampler = ShardSampler(shard, 0, 1, block_size=64, batch_size=8, seed=0, incarnation=1)
+    seen = np.zeros(len(shard), dtype=bool)
+    for _ in range(len(shard) // (8 * 64) + 1):  # one epoch's worth of windows
+        x, _ = sampler.next_batch()
+        for row in x.numpy().astype(np.uint8):
+            start = where[row[:8].tobytes()]
+            seen[start:start + 64] = True
+    assert seen.mean() > 0.6, f"only {seen.mean():.0%} of the shard was read in an epoch's worth of steps"
+    assert seen[-10_000:].mean() > 0.6 and seen[:10_000].mean() > 0.6, "both ends of the shard are read"

@@ -83,6 +83,23 @@ def test_duplicate_while_pending_then_quorum_merge(rig: Rig) -> None:
         torch.testing.assert_close(frag.params[n], t, rtol=1e-5, atol=1e-7)
 
 
+def test_a_round_of_short_pushes_weighs_one_not_steps_over_h(rig: Rig) -> None:
+    """Every live learner reported, each a quarter of H (the first staggered push of a
+    fragment): weights 1/2 each, as for full pushes, not 1/8 (issue 18)."""
+    s = rig.start(quorum=2, grace=3600.0)
+    c1, c2 = rig.client(s), rig.client(s)
+    c1.hello(1, "n1")
+    c2.hello(2, "n2")
+    d1, d2 = rig.delta(s, 1), rig.delta(s, 2)
+    assert c1.send(push_frame(1, 1, 1, d1, tokens=TOKENS // 4, steps=H // 4)).header["status"] == "accepted"
+    assert c2.send(push_frame(2, 1, 1, d2, tokens=TOKENS // 4, steps=H // 4)).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "the quorum merge")
+    s.stop()
+    merge = rig.events("merge")[0]
+    assert [c["weight"] for c in merge["contributors"]] == [0.5, 0.5]
+    assert merge["expected_tokens"] == TOKENS // 2
+
+
 def test_stale_push_is_dropped_and_counted(rig: Rig) -> None:
     s = rig.start(quorum=1, grace=0.0, max_staleness=1)
     c = rig.client(s)

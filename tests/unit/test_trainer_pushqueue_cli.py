@@ -265,6 +265,11 @@ CASES = {
     "learners0": (["run", "--learners", "0"], "--learners"),
     "schedule": (["run", "--sync-every", "10", "--fragments", "3"], "fragments (P): 3 must divide"),
     "encoding": (["run", "--encoding", "int3"], "--encoding"),
+    "final_round": (["run", "--final-round", "maybe"], "--final-round: expected on or off, got 'maybe'"),
+    "final_wait": (["run", "--final-wait", "-1"], "--final-wait"),
+    "strided": (["run", "--n-layer", "2", "--fragments", "4", "--sync-every", "40", "--fragment-layout", "strided"],
+                "fragment-layout: strided puts layer i in fragment i mod P, so it needs at least P layers; "
+                "the model has 2 (--n-layer) for 4 fragments"),
     "connect": (["learner", "--learner", "1", "--connect", "nohost"], "--connect"),
     "state_dir": (["syncer"], "--state-dir"),
     "secret": (["syncer", "--state-dir", "{tmp}/state"], "ISLANDS_SECRET"),
