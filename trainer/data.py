@@ -1,6 +1,10 @@
 """Byte-level data: text files or folders, and a synthetic Markov source with a known entropy.
 
-Every learner reads its own shard (a contiguous slice of the corpus). Windows are drawn
+Every learner reads its own shard: every N-th chunk of SHARD_CHUNK bytes of the corpus,
+so each shard samples the whole corpus, as a shuffled dataset's shards would, instead of
+one contiguous slice of it (a corpus of files in sorted order would give each learner its
+own topics, and its local steps between two syncs a drift no data-parallel run has).
+Windows are drawn
 from a cursor that advances through the shard; the starting jitter is seeded by
 (seed, learner, incarnation), and the cursor resumes from the position the syncer
 recorded, so a restarted learner continues where its predecessor stopped instead of
@@ -18,6 +22,7 @@ import torch
 
 TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".yaml", ".yml", ".csv", ".html", ".tex"}
 VALIDATION_FRACTION = 0.05
+SHARD_CHUNK = 16 * 1024  # bytes: a window of 65 crosses into an unrelated chunk 0.4% of the time
 MAX_CORPUS_BYTES = 256 * 1024 * 1024
 
 
@@ -177,6 +182,14 @@ def load_corpus(spec: str) -> Corpus:
     return load_text(spec)
 
 
+def shard_of(train: np.ndarray, shard: int, num_shards: int, chunk: int = SHARD_CHUNK) -> np.ndarray:
+    """Shard `shard` of `num_shards`: chunks shard, shard+N, shard+2N, ... of `chunk` bytes.
+    A corpus shorter than N chunks is cut into N equal chunks instead, so no shard is empty."""
+    chunk = max(1, min(chunk, len(train) // num_shards))
+    starts = range(shard * chunk, len(train), num_shards * chunk)
+    return np.concatenate([train[s:s + chunk] for s in starts]) if starts else train[:0]
+
+
 class ShardSampler:
     """Draws (input, target) windows from one learner's shard, advancing a cursor.
 
@@ -193,11 +206,10 @@ class ShardSampler:
         if not 0 <= rank < ranks:
             raise ValueError(f"rank {rank} is out of range for {ranks} ranks")
         self.rank, self.ranks = rank, ranks
-        lo = len(train) * shard // num_shards
-        hi = len(train) * (shard + 1) // num_shards
-        if hi - lo < block_size + 2:
-            raise ValueError(f"shard {shard} has {hi - lo} bytes, fewer than one window of {block_size + 1}")
-        self.tokens = torch.from_numpy(train[lo:hi].astype(np.int64))
+        own = shard_of(train, shard, num_shards)
+        if len(own) < block_size + 2:
+            raise ValueError(f"shard {shard} has {len(own)} bytes, fewer than one window of {block_size + 1}")
+        self.tokens = torch.from_numpy(own.astype(np.int64))
         self.block_size = block_size
         self.batch_size = batch_size
         self.position = position

@@ -24,6 +24,8 @@ EVENTS_DIR = "events"
 KINDS = {
     "process_start": "a process started (role, incarnation when known, config)",
     "process_stop": "a process is exiting cleanly (reason)",
+    "seeded_start": "a learner started from the model built from the run's seed, its digest matching the "
+                    "syncer's initial parameters (else fetched: it asked for the tensors)",
     "inner_step": "a learner's inner step (step, loss, tokens, dt)",
     "push": "a learner's push was answered (fragment, seq, base_version, tokens, wire_bytes, status)",
     "push_accepted": "the syncer made a push durable and acknowledged it",

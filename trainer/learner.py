@@ -150,7 +150,7 @@ class Learner:
     # ----------------------------------------------------------------- setup
     def _welcome(self) -> wire.Frame:
         try:
-            return self.link.connect(want_params=True, budget=self.opts.connect_timeout)
+            return self.link.connect(want_params=True, budget=self.opts.connect_timeout, seeded=True)
         except Refusal as exc:
             raise SystemExit(f"learner-{self.opts.learner}: syncer refused HELLO: {exc}") from exc
         except TRANSIENT as exc:
@@ -163,7 +163,7 @@ class Learner:
         """What every rank of the unit needs from WELCOME (the tensors go through DDP)."""
         h = welcome.header
         return {key: h[key] for key in ("config", "incarnation", "fragments", "position", "rejoin",
-                                        "versions", "adam_step", "round") if key in h}
+                                        "versions", "adam_step", "round", "params_digest") if key in h}
 
     def _setup(self, h: dict, tensors: dict[str, torch.Tensor] | None) -> None:
         self.cfg = TrainConfig.from_dict(h["config"])
@@ -179,6 +179,9 @@ class Learner:
             self.task = load_task(self.cfg.task, self.cfg.task_options(loaded or self.opts.data))
         self.model = self.task.model(self.cfg.seed).to(self.device)
         self.params = dict(self.model.named_parameters())
+        tensors = tensors or None  # a WELCOME without tensors decodes to {}
+        if tensors is None and "params_digest" in h and self.group.leader:  # the other ranks get rank 0's
+            tensors = self._seeded_or_fetched(str(h["params_digest"]))
         self._check_shapes(tensors)
         if tensors is not None:
             tensors = {n: t.to(self.device) for n, t in tensors.items()}
@@ -217,6 +220,18 @@ class Learner:
                          versions=self.adopted_versions, task=self.cfg.task, corpus=self.facts.get("data"),
                          loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
                          **fields)
+
+    def _seeded_or_fetched(self, digest: str) -> dict[str, torch.Tensor] | None:
+        """WELCOME sent a digest of the initial Θ instead of its tensors: keep the model just
+        built from the seed if it is the same, else ask again for the tensors (a task whose
+        model is not deterministic in its seed costs one more handshake, never a wrong start)."""
+        mine = param_digest(self.params)
+        if mine == digest:
+            self.events.emit("seeded_start", digest=digest)
+            return None
+        welcome = self.link.connect(want_params=True, budget=self.opts.connect_timeout)
+        self.events.emit("seeded_start", digest=digest, mismatch=mine, fetched=True)
+        return welcome.tensors()
 
     def _check_shapes(self, tensors: dict[str, torch.Tensor] | None) -> None:
         """The task's model must be the one the syncer holds: same parameter names and shapes."""

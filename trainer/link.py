@@ -118,7 +118,7 @@ class Link:
         return self.channel is not None
 
     # ----------------------------------------------------------------- handshake
-    def _handshake(self, want_params: bool) -> wire.Frame:
+    def _handshake(self, want_params: bool, seeded: bool = False) -> wire.Frame:
         sock = socket.create_connection((self.address.host, self.address.port), timeout=CONNECT_TIMEOUT)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         detect_dead_peers(sock, unacknowledged_for=self.request_timeout)
@@ -126,8 +126,10 @@ class Link:
             channel = wire.Channel.connect(sock, self.secret, self.deadline_for(0))
             self.bytes_up += wire.HANDSHAKE.size
             self.bytes_down += wire.HANDSHAKE.size
-            hello = wire.message(FrameType.HELLO, {
-                "learner": self.learner, "nonce": self.nonce, "mode": self.mode, "want_params": want_params})
+            header = {"learner": self.learner, "nonce": self.nonce, "mode": self.mode, "want_params": want_params}
+            if seeded:  # this learner can build the initial parameters from the run's seed
+                header["seeded"] = True
+            hello = wire.message(FrameType.HELLO, header)
             welcome = self._exchange(channel, hello)
             if welcome.type != FrameType.WELCOME:
                 raise FrameFault(Reason.PROTOCOL, f"expected WELCOME, got {welcome.type}")
@@ -140,8 +142,9 @@ class Link:
                          connections=self.connections, wire_bytes=welcome.wire_bytes)
         return welcome
 
-    def connect(self, want_params: bool, budget: float) -> wire.Frame:
-        """HELLO until it succeeds, with backoff and jitter, for at most `budget` seconds."""
+    def connect(self, want_params: bool, budget: float, seeded: bool = False) -> wire.Frame:
+        """HELLO until it succeeds, with backoff and jitter, for at most `budget` seconds.
+        `seeded`: the parameters may come as a digest of the seeded initial ones (WELCOME)."""
         retrying = Retrying(
             wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),
             stop=stop_any(stop_after_delay(budget), _stop_when_set(self.stop)),
@@ -153,7 +156,7 @@ class Link:
             self.close()
             for attempt in retrying:
                 with attempt:
-                    return self._handshake(want_params)
+                    return self._handshake(want_params, seeded)
         raise ConnectionError("stopped before connecting")  # pragma: no cover (tenacity reraises)
 
     def request(self, msg: wire.Message) -> wire.Frame:

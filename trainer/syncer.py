@@ -38,6 +38,7 @@ from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_aver
                     nesterov_step, push_id, round_fraction, round_scale, staleness_factors)
 from .protocol import FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
+from .ranks import param_digest
 from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
 from .atomic import atomic_write_json
 from .group_commit import GroupCommit, write_staged
@@ -209,6 +210,7 @@ class Syncer:
         self._last_flush = time.monotonic()  # the ack_before_durable defect's batch starts now
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
+        self._seeded_digest: str | None = None
         self.sync: SyncRound | None = None
         self._running = False
         self._threads: list[threading.Thread] = []
@@ -581,6 +583,7 @@ class Syncer:
         if problem:
             raise ProtocolError(Reason.BAD_LEARNER, problem)
         want_params = bool(h.get("want_params", True))
+        seeded = h.get("seeded", False) is True
         with self.cond:
             joined = self.members.join(learner, nonce, conn_id, time.monotonic())
         if not joined.reconnect:  # a new incarnation: its number is never reused, even after a crash
@@ -593,6 +596,11 @@ class Syncer:
             if self.sync is None:
                 header["versions"] = self._versions()
                 tensors = {n: t.clone() for f in self.frags for n, t in f.params.items()} if want_params else None
+                if tensors is not None and seeded and not any(header["versions"]):
+                    # Θ is still the seeded initial model: a digest instead of 4 B/param. The
+                    # learner builds the same model from the seed, or asks again for the tensors.
+                    header["params_digest"] = self._initial_digest(tensors)
+                    tensors = None
             else:
                 header["round"] = self.sync.round
                 header["adam_step"] = self.sync.adam_step()
@@ -601,6 +609,12 @@ class Syncer:
         self.events.emit("join", learner=learner, incarnation=joined.incarnation, rejoin=joined.rejoin,
                          reconnect=joined.reconnect, position=m.position)
         return self._reply(wire.WELCOME, header, tensors)
+
+    def _initial_digest(self, params: dict[str, torch.Tensor]) -> str:
+        """The digest of Θ at version 0 (computed once: Θ changes only by a merge)."""
+        if self._seeded_digest is None:
+            self._seeded_digest = param_digest(params)
+        return self._seeded_digest
 
     def _on_heartbeat(self, frame: wire.Frame, learner: int) -> wire.Message:
         with self.cond:

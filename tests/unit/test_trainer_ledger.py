@@ -17,6 +17,7 @@ import torch
 import trainer.syncer as syncer_mod
 from trainer import wire
 from trainer.config import SyncerConfig, TrainConfig
+from trainer.ranks import param_digest
 from trainer.syncer import Syncer
 
 from tests.unit.syncer_rig import (BATCH, H, LR, MODEL, MU, SECRET, SEED, TIMEOUT, TOKENS, Client, Rig,  # noqa: F401
@@ -284,6 +285,23 @@ def test_hello_with_params_sends_the_global_model(rig: Rig) -> None:
     got = w.tensors()
     for n, t in initial_params().items():
         assert torch.equal(got[n], t)
+
+
+def test_a_seeded_learner_gets_a_digest_of_the_initial_model_until_the_first_merge(rig: Rig) -> None:
+    """The initial Θ is the model built from the run's seed: a learner that can build it
+    gets its digest instead of 4 bytes per parameter; once a merge moved Θ, the tensors."""
+    s = rig.start(quorum=1, grace=0.0)
+    c = rig.client(s)
+    hello = {"learner": 1, "nonce": "x", "mode": "decoupled", "want_params": True, "seeded": True}
+    w = c.request(wire.HELLO, hello)
+    assert w.tensors() is None or w.tensors() == {}
+    assert w.header["params_digest"] == param_digest(initial_params())
+    assert c.send(push_frame(1, 1, 1, rig.delta(s, 1))).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "the merge")
+    again = rig.client(s).request(wire.HELLO, hello)
+    assert "params_digest" not in again.header
+    for n, t in again.tensors().items():
+        assert torch.equal(t, s.frags[0].params[n])
 
 
 @pytest.mark.parametrize("header,reason", [
