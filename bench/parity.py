@@ -181,6 +181,13 @@ def select_arms(arms: list[Arm], spec: str | None) -> list[Arm]:
     return [a for a in arms if a.name in wanted]
 
 
+def arm_flags(arm: Arm, flags: list[str], seed: int) -> list[str]:
+    """The trainer flags of one run: the inner LR decays over the arm's own steps (every arm
+    ends its run annealed, so a final loss is not a point of a noisy constant-LR
+    trajectory), then the shared flags (which may override it) and the seed."""
+    return ["--inner-decay", str(arm.steps), *flags, "--seed", str(seed)]
+
+
 def check_passthrough(flags: list[str]) -> None:
     """The arm-defining flags and --seed belong to this script; the rest is the trainer's to judge."""
     bad = sorted({f.split("=", 1)[0] for f in flags} & OWN_FLAGS)
@@ -644,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {label}: {arm.name} ({arm.learners} x {arm.steps} steps, seed {seed}) ...", end="",
                       flush=True)
                 run_dir = runs / args.model / safe / arm.name.replace(":", "-") / f"seed-{seed}"
-                done[arm.name].append(run_arm(arm, data, corpus, [*flags, "--seed", str(seed)], run_dir,
+                done[arm.name].append(run_arm(arm, data, corpus, arm_flags(arm, flags, seed), run_dir,
                                               args.arm_timeout, args.resume))
                 print(f" loss {done[arm.name][-1]['final_loss']:.4f}, {done[arm.name][-1]['elapsed_seconds']:.0f} s",
                       flush=True)

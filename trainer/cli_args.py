@@ -41,6 +41,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--inner-lr", type=positive_float, default=TrainConfig.inner_lr)
     g.add_argument("--inner-warmup", type=non_negative_int, default=TrainConfig.inner_warmup, metavar="STEPS",
                    help="AdamW steps over which the inner LR ramps up linearly (0: none)")
+    g.add_argument("--inner-decay", type=non_negative_int, default=TrainConfig.inner_decay, metavar="STEPS",
+                   help="inner steps (of a learner's data position; sync rounds in sync mode) over which the inner "
+                        "LR decays along a cosine to a tenth of --inner-lr (0: constant, the default)")
     g.add_argument("--sync-every", "-H", type=positive_int, default=TrainConfig.sync_every,
                    help="H: inner steps between two exchanges of a fragment")
     g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
@@ -122,6 +125,8 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--final-wait", type=non_negative_float, default=SyncerConfig.final_wait, metavar="SECONDS",
                    help="how long the final round waits for the live learners' last pushes after the first "
                         "(default 10)")
+    g.add_argument("--start-wait", type=non_negative_float, default=SyncerConfig.start_wait, metavar="SECONDS",
+                   help="sync mode: how long the first round waits for every learner to join (default 10)")
     g.add_argument("--eval-budget", type=positive_float, default=SyncerConfig.eval_budget,
                    help="share of one core the syncer may spend sampling the global parameters' held-out "
                         "loss during the run (global_eval events; needs --eval-data) (default 0.1)")
@@ -137,7 +142,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
             fragment_layout=args.fragment_layout, final_round=args.final_round,
             adopt=args.adopt,
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
-            inner_warmup=args.inner_warmup,
+            inner_warmup=args.inner_warmup, inner_decay=args.inner_decay,
             batch_size=args.batch_size,
             heartbeat_interval=args.heartbeat_interval, heartbeat_timeout=args.heartbeat_timeout,
             request_timeout=args.request_timeout, max_unsent_pushes=max(8, args.fragments + 1),
@@ -151,7 +156,7 @@ def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, sta
                   host: str = "127.0.0.1", port: int = 0, eval_data: str = "") -> SyncerConfig:
     try:
         return SyncerConfig(host=host, port=port, state_dir=state_dir, outer_lr=args.outer_lr,
-                            eval_data=eval_data, eval_budget=args.eval_budget, final_wait=args.final_wait,
+                            eval_data=eval_data, eval_budget=args.eval_budget, final_wait=args.final_wait, start_wait=args.start_wait,
                             outer_momentum=args.outer_momentum, quorum=args.quorum, grace=args.grace,
                             max_staleness=args.max_staleness, max_payload=args.max_payload,
                             max_connections=args.max_connections, max_unauthenticated=args.max_unauthenticated,
@@ -175,8 +180,8 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
 def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
-    for flag in ("precision", "seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "sync_every",
-                 "fragments", "fragment_layout", "final_round", "final_wait", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
+    for flag in ("precision", "seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "inner_decay", "sync_every",
+                 "fragments", "fragment_layout", "final_round", "final_wait", "start_wait", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
                  "max_payload", "max_connections", "max_unauthenticated", "handshake_timeout", "idle_timeout",

@@ -15,7 +15,8 @@ from .outer import STALENESS_POLICIES, OuterConfig
 
 MODES = ("decoupled", "sync")
 ADOPT_MODES = ("mix", "rebase")
-PULL_ENCODINGS = ("fp32", "bf16")  # global parameters, not deltas: never fewer than 16 bits
+# Global parameters (fp32, bf16), or quantized steps between versions of them (served.py).
+PULL_ENCODINGS = ("fp32", "bf16", "delta-int8", "delta-int4")
 GRACE_POLICIES = ("fixed", "adaptive")
 MOMENTUM_UNITS = ("round", "merge")
 
@@ -37,6 +38,7 @@ class TrainConfig:
     pull_encoding: str = "fp32"    # how the syncer sends merged fragments (PULL replies)
     inner_lr: float = 3e-3
     inner_warmup: int = 10         # AdamW steps over which the inner LR ramps up linearly from inner_lr/W
+    inner_decay: int = 0           # steps over which the inner LR decays (cosine) to a tenth; 0: constant
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     batch_size: int = 16
@@ -58,6 +60,8 @@ class TrainConfig:
         if self.num_learners < 1:
             raise ValueError(f"learners: must be >= 1, got {self.num_learners}")
         validate_schedule(self.sync_every, self.fragments, self.overlap)
+        if isinstance(self.inner_decay, bool) or not isinstance(self.inner_decay, int) or self.inner_decay < 0:
+            raise ValueError(f"inner-decay: must be an integer >= 0 (steps; 0: constant), got {self.inner_decay!r}")
         if self.fragment_layout not in FRAGMENT_LAYOUTS:
             raise ValueError(f"fragment-layout: must be one of {', '.join(FRAGMENT_LAYOUTS)}, "
                              f"got {self.fragment_layout!r}")
@@ -147,6 +151,7 @@ class SyncerConfig:
     eval_data: str = ""            # held-out data for sampling Θ's loss during the run ("" = none)
     eval_budget: float = 0.1       # ... using at most this fraction of one core
     final_wait: float = 10.0       # seconds a final round waits for the live learners' last pushes
+    start_wait: float = 10.0       # sync mode: seconds the first round waits for every learner to join
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -187,6 +192,8 @@ class SyncerConfig:
         OuterConfig(self.outer_lr, self.outer_momentum)  # raises naming outer_lr / outer_momentum
         if not 0 < self.eval_budget <= 1:
             raise ValueError(f"eval-budget: must be in (0, 1], got {self.eval_budget}")
+        if not 0 <= self.start_wait <= 3600:
+            raise ValueError(f"start-wait: must be in [0, 3600] seconds, got {self.start_wait}")
         if not 0 <= self.final_wait <= 3600:
             raise ValueError(f"final-wait: must be in [0, 3600] seconds, got {self.final_wait}")
         if self.sync_checkpoint_every < 1:

@@ -35,6 +35,7 @@ import torch
 
 from . import wire
 from .codec import decode, encode
+from .served import DELTA_ENCODINGS, apply_steps
 from .config import TrainConfig
 from .device import autocast, resolve_device
 from .events import EventLog
@@ -99,6 +100,10 @@ class Inbox:
             current = self._items.get(fragment)
             if current is None or current[0] < version:
                 self._items[fragment] = (version, tensors)
+
+    def peek(self, fragment: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        with self._lock:
+            return self._items.get(fragment)
 
     def take(self, fragment: int) -> tuple[int, dict[str, torch.Tensor]] | None:
         with self._lock:
@@ -365,7 +370,7 @@ class Learner:
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if self.default_optimizer:  # a task's own optimizer keeps its own schedule
-            warm_up_lr(self.opt, self.cfg)
+            warm_up_lr(self.opt, self.cfg, clock=self.position)
         self.opt.step()
         compute_s = time.perf_counter() - started
         return self.group.mean_loss(loss), compute_s, tokens * self.group.size
@@ -426,7 +431,7 @@ class Learner:
         with self._versions_lock:
             self.adopted_versions[f] = version
             self._release_answered(f)
-        self.globals[f] = tensors
+            self.globals[f] = tensors  # with the version: a delta pull reads both together
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
                          incarnation=self.incarnation, discarded_tokens=discarded)
         return True
@@ -491,15 +496,36 @@ class Learner:
                       if self.targets[f] is not None and v >= self.targets[f]
                       and v > max(self.adopted_versions[f], self.inbox.version(f))]
         for f in wanted:
-            reply = self.link.request(wire.message(wire.PULL, {"fragment": f}))
+            request = {"fragment": f}
+            held = self._held(f) if self.cfg.pull_encoding in DELTA_ENCODINGS else None
+            if held is not None:
+                request["have"] = held[0]
+            reply = self.link.request(wire.message(wire.PULL, request))
             version = int(reply.header["version"])
             shapes = {n: self.params[n].shape for n in self.fragment_names[f]}
+            encoding = str(reply.header.get("encoding", "fp32"))
             try:
-                tensors = decode(reply.tensors(), str(reply.header.get("encoding", "fp32")), shapes)
+                if "from" in reply.header:  # steps from the version held (served.py)
+                    start = int(reply.header["from"])
+                    if held is None or start != held[0]:
+                        raise ValueError(f"steps from version {start}, but this learner holds {held and held[0]}")
+                    tensors = apply_steps(held[1], reply.tensors(), encoding, start, version)
+                else:
+                    tensors = decode(reply.tensors(), encoding, shapes)
             except ValueError as exc:  # never adopt a fragment that does not match what it claims
                 raise FrameFault(Reason.BAD_TENSOR, f"fragment {f} v{version}: {exc}") from exc
             self.inbox.put(f, version, tensors)
-            self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes)
+            self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes, encoding=encoding,
+                             **({"from": int(reply.header["from"])} if "from" in reply.header else {}))
+
+    def _held(self, f: int) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest served version of fragment f this learner holds exactly (pulled, or
+        adopted), to pull only the steps after it."""
+        with self._versions_lock:
+            pulled = self.inbox.peek(f)
+            if pulled is not None:
+                return pulled
+            return self.adopted_versions[f], self.globals[f]
 
     def _release_answered(self, f: int) -> None:
         """Under _versions_lock: forget the pushes of f whose version was adopted (or was

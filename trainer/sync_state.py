@@ -8,6 +8,8 @@ identical to everybody else's: the run stays equivalent to DDP.
 """
 from __future__ import annotations
 
+import math
+
 import time
 
 import torch
@@ -55,17 +57,28 @@ def load_optimizer_tensors(model: torch.nn.Module, opt: torch.optim.Optimizer,
                 opt.state.pop(p, None)
 
 
-def warm_up_lr(opt: torch.optim.Optimizer, train: TrainConfig) -> None:
+DECAY_FLOOR = 0.1  # the inner LR at the end of --inner-decay, as a fraction of --inner-lr
+
+
+def warm_up_lr(opt: torch.optim.Optimizer, train: TrainConfig, clock: int | None = None) -> None:
     """Set the inner LR for the step about to be taken: a linear ramp over the optimizer's
-    first `inner_warmup` steps, then `inner_lr`. Fresh AdamW moves every weight by about
+    first `inner_warmup` steps, then `inner_lr`, decaying along a cosine to a tenth of it
+    over `inner_decay` steps of `clock` when that is set. Fresh AdamW moves every weight by about
     the LR from its first step: at 3e-3 the default model's loss went 2.9 → 10.0 at step 8,
     so the first pseudo-gradient (step 10) pushed a model worse than the untrained one and
     the first merge scored 6.8 against 5.5. The ramp is keyed on AdamW's own step count,
     so every participant of a sync round (and a restored or transferred state) agrees, and
-    a learner that rejoins with a fresh optimizer ramps up again."""
+    a learner that rejoins with a fresh optimizer ramps up again. The decay's clock is the
+    learner's data position (batches consumed by all its incarnations: a restarted learner
+    does not decay again from the top), or AdamW's step count in sync mode, where it is the
+    round and every participant agrees on it."""
+    step = adam_step_of(opt)
     lr = train.inner_lr
     if train.inner_warmup > 0:
-        lr *= min(1.0, (adam_step_of(opt) + 1) / train.inner_warmup)
+        lr *= min(1.0, (step + 1) / train.inner_warmup)
+    if train.inner_decay > 0:
+        done = min(1.0, (step if clock is None else clock) / train.inner_decay)
+        lr *= DECAY_FLOOR + (1.0 - DECAY_FLOOR) * 0.5 * (1.0 + math.cos(math.pi * done))
     for group in opt.param_groups:
         group["lr"] = lr
 

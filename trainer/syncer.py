@@ -39,6 +39,7 @@ from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_aver
 from .protocol import FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
 from .ranks import param_digest
+from .served import DELTA_ENCODINGS, ServedFragment
 from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
 from .atomic import atomic_write_json
 from .group_commit import GroupCommit, write_staged
@@ -211,6 +212,7 @@ class Syncer:
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
         self._seeded_digest: str | None = None
+        self._first_grad_at: float | None = None  # sync mode: when the first round began to wait
         self.sync: SyncRound | None = None
         self._running = False
         self._threads: list[threading.Thread] = []
@@ -222,6 +224,9 @@ class Syncer:
         self._listener: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         self._recover(model)
+        # Delta pulls (served.py): Φ per fragment, from the recovered Θ (nothing of it is durable).
+        self.served = [ServedFragment(f.params, f.version, train.pull_encoding) for f in self.frags] \
+            if train.pull_encoding in DELTA_ENCODINGS else None
         self.norms = [NormGuard(cfg.max_norm_ratio) for _ in self.specs]
         self.evaluator = self._make_evaluator()
 
@@ -233,7 +238,10 @@ class Syncer:
     # ----------------------------------------------------------------- recovery
     def _fingerprint(self) -> dict:
         return {"mode": self.train.mode, "model": self.train.model.to_dict(), "task": self.train.task,
-                "fragments": self.train.fragments, "seed": self.train.seed}
+                "fragments": self.train.fragments, "seed": self.train.seed,
+                # Only when not the default, so state dirs written before the layout existed still match.
+                **({"fragment_layout": self.train.fragment_layout}
+                   if self.train.fragment_layout != "balanced" else {})}
 
     def _recover(self, model: torch.nn.Module) -> None:
         removed = remove_stale_temporaries(self.store.root)
@@ -595,7 +603,7 @@ class Syncer:
                       "fragments": [list(s.names) for s in self.specs]}
             if self.sync is None:
                 header["versions"] = self._versions()
-                tensors = {n: t.clone() for f in self.frags for n, t in f.params.items()} if want_params else None
+                tensors = {n: t.clone() for f in self._served_params() for n, t in f.items()} if want_params else None
                 if tensors is not None and seeded and not any(header["versions"]):
                     # Θ is still the seeded initial model: a digest instead of 4 B/param. The
                     # learner builds the same model from the seed, or asks again for the tensors.
@@ -609,6 +617,11 @@ class Syncer:
         self.events.emit("join", learner=learner, incarnation=joined.incarnation, rejoin=joined.rejoin,
                          reconnect=joined.reconnect, position=m.position)
         return self._reply(wire.WELCOME, header, tensors)
+
+    def _served_params(self) -> list[dict[str, torch.Tensor]]:
+        """What a learner starts from, per fragment: Θ, or Φ with delta pulls (it must hold
+        exactly what the steps it pulls later are measured from)."""
+        return [f.params for f in self.served] if self.served is not None else [f.params for f in self.frags]
 
     def _initial_digest(self, params: dict[str, torch.Tensor]) -> str:
         """The digest of Θ at version 0 (computed once: Θ changes only by a merge)."""
@@ -636,8 +649,15 @@ class Syncer:
         index = wire.header_int(frame.header, "fragment")
         if index >= len(self.frags):
             raise ProtocolError(Reason.BAD_FRAGMENT, f"fragment {index} does not exist (0..{len(self.frags) - 1})")
+        have = wire.header_int(frame.header, "have") if "have" in frame.header else None
         with self.cond:
             frag = self.frags[index]
+            if self.served is not None:
+                encoding, start, tensors = self.served[index].reply(have)
+                header = {"fragment": index, "version": self.served[index].version, "encoding": encoding}
+                if start is not None:
+                    header["from"] = start
+                return self._reply(wire.FRAGMENT, header, tensors if start is not None else encode(tensors, encoding))
             header = {"fragment": index, "version": frag.version, "encoding": self.train.pull_encoding}
             params = {n: t.clone() for n, t in frag.params.items()}
         return self._reply(wire.FRAGMENT, header, encode(params, self.train.pull_encoding))
@@ -801,7 +821,7 @@ class Syncer:
         """Sync mode, under the lock: reduce once every live learner has submitted."""
         assert self.sync is not None
         alive = {m.learner for m in self.members.alive()}
-        if not self.sync.ready(alive):
+        if not self.sync.ready(alive) or self._waiting_for_start():
             return
         started = time.monotonic()
         info = self.sync.complete(self.train)
@@ -813,6 +833,18 @@ class Syncer:
         if self.evaluator is not None:
             self.evaluator.note_merge()
         self.cond.notify_all()
+
+    def _waiting_for_start(self) -> bool:
+        """Sync mode, before the first round of a fresh run: wait (at most --start-wait s after
+        the first gradient) until every configured learner has joined. A learner whose
+        process started a second later would otherwise miss the first rounds and step
+        alone at the end, and sync DP's result would hang on process start-up times."""
+        assert self.sync is not None
+        if self.sync.round > 0 or len(self.members.members) >= self.train.num_learners:
+            return False
+        if self._first_grad_at is None:
+            self._first_grad_at = time.monotonic()
+        return time.monotonic() - self._first_grad_at < self.cfg.start_wait
 
     # ----------------------------------------------------------------- leases
     def _reaper_loop(self) -> None:
@@ -1092,6 +1124,8 @@ class Syncer:
         frag.rounds = rounds
         frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
         frag.applied = applied
+        if self.served is not None:
+            self.served[frag.spec.index].advance(params, version)
         frag.applied_set.update(c.ident for c in contribs)
         frag.merging.difference_update(c.ident for c in contribs)
         self.counters["merges"] += 1

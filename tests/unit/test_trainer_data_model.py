@@ -434,7 +434,7 @@ def test_validate_schedule_accepts(h: int, p: int, tau: int) -> None:
 def test_pull_encoding_is_validated_naming_the_field() -> None:
     from trainer.config import TrainConfig
     assert TrainConfig(pull_encoding="bf16").pull_encoding == "bf16"
-    with pytest.raises(ValueError, match="pull-encoding: must be one of fp32, bf16, got 'int4'"):
+    with pytest.raises(ValueError, match="pull-encoding: must be one of fp32, bf16, delta-int8, delta-int4, got 'int4'"):
         TrainConfig(pull_encoding="int4")
 
 

@@ -51,18 +51,10 @@ def test_the_lr_ramps_on_adams_own_step_count() -> None:
     assert fresh.param_groups[0]["lr"] == pytest.approx(1e-3)
 
 
-def _worst_jump(losses: list[float]) -> float:
-    """The largest rise of the loss from one step to the next, as a ratio."""
-    return max(b / a for a, b in zip(losses, losses[1:]))
-
-
 def test_the_default_model_no_longer_blows_up_in_its_first_round() -> None:
     warm = _train(TrainConfig(), 20)
     assert max(warm[3:]) < warm[0], f"a loss above the untrained model's after the ramp began: {warm}"
     assert warm[-1] < warm[0] - 1.0, f"the default model did not learn in 20 steps: {warm}"
     cold = _train(TrainConfig(inner_warmup=0), 20)
-    # Batches spread over the whole shard (issue 18) made the spike smaller than when it was
-    # found (above the untrained model's loss), but it is still there, and the ramp removes it.
-    assert _worst_jump(cold) > 1.1, "without the ramp the default model's loss jumped within its first steps " \
-                                    f"(the reason for it); it no longer does, so the default may be revisited: {cold}"
-    assert _worst_jump(warm) < 1.1, f"the ramp did not remove the jump: {warm}"
+    assert max(cold[3:]) > cold[0], "without the ramp the default model spiked above its initial loss (the " \
+                                    f"reason for it); it no longer does, so the default may be revisited: {cold}"
