@@ -182,10 +182,9 @@ def select_arms(arms: list[Arm], spec: str | None) -> list[Arm]:
 
 
 def arm_flags(arm: Arm, flags: list[str], seed: int) -> list[str]:
-    """The trainer flags of one run: the inner LR decays over the arm's own steps (every arm
-    ends its run annealed, so a final loss is not a point of a noisy constant-LR
-    trajectory), then the shared flags (which may override it) and the seed."""
-    return ["--inner-decay", str(arm.steps), *flags, "--seed", str(seed)]
+    """The trainer flags of one run: the shared flags, then the seed. (An inner-LR decay
+    over the run, `-- --inner-decay S`, was measured and left out: see BENCHMARKS.md.)"""
+    return [*flags, "--seed", str(seed)]
 
 
 def check_passthrough(flags: list[str]) -> None:

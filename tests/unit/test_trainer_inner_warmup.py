@@ -58,3 +58,17 @@ def test_the_default_model_no_longer_blows_up_in_its_first_round() -> None:
     cold = _train(TrainConfig(inner_warmup=0), 20)
     assert max(cold[3:]) > cold[0], "without the ramp the default model spiked above its initial loss (the " \
                                     f"reason for it); it no longer does, so the default may be revisited: {cold}"
+
+
+def test_the_inner_lr_decays_along_a_cosine_on_the_clock_given() -> None:
+    train = TrainConfig(inner_lr=1e-3, inner_warmup=0, inner_decay=100)
+    opt = make_inner_optimizer(torch.nn.Linear(2, 1), train)
+    seen = []
+    for clock in (0, 50, 100, 400):
+        warm_up_lr(opt, train, clock=clock)
+        seen.append(opt.param_groups[0]["lr"])
+    assert seen == pytest.approx([1e-3, 0.55e-3, 1e-4, 1e-4])  # half way: the mean of 1 and 0.1
+    warm_up_lr(opt, train)  # no clock (sync mode): AdamW's own step count, 0 here
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
+    with pytest.raises(ValueError, match="inner-decay: must be an integer >= 0"):
+        TrainConfig(inner_decay=-1)
