@@ -97,8 +97,12 @@ def test_a_4x_slower_learner_does_not_hold_back_the_fast_one(tmp_path: Path) -> 
     assert processed[2] < 0.5 * processed[1]
     both = [m for m in merges(uneven_events) if len({c["learner"] for c in m["contributors"]}) == 2]
     assert both, "no merge combined the fast and the slow learner"
-    for m in both:  # docs/algorithm.md, "Merging": w_i = T_i / max(Σ T_k, L·H·tokens_per_step)
+    for m in both:  # docs/algorithm.md, "Merging": w_i = T_i / max(Σ T_k, the round's expected tokens)
         total = max(sum(c["tokens"] for c in m["contributors"]), m["expected_tokens"])
         for c in m["contributors"]:
-            assert c["weight"] == pytest.approx(c["tokens"] / total, abs=1e-3), \
+            # The final round weighs learners, not pushes: each push of learner l carries l's
+            # share of the round's tokens (docs/wire.md), its pushes summed.
+            tokens = sum(o["tokens"] for o in m["contributors"] if o["learner"] == c["learner"]) \
+                if m.get("final") else c["tokens"]
+            assert c["weight"] == pytest.approx(tokens / total, abs=1e-3), \
                 f"merge {m['fragment']}@{m['version']} weighs {c['learner']} by {c['weight']}, not its tokens"
