@@ -191,3 +191,16 @@ def test_a_clean_stop_writes_the_eval_of_the_final_state(tmp_path: Path) -> None
     assert scored == {"final_loss": round(durable, 4), "loss_floor": corpus.entropy_rate,
                       "unigram_entropy": corpus.unigram_entropy, "data": corpus.name}
     assert syncer_final_eval(events, "text:/elsewhere") is None, "scored on other data: not this run's eval"
+
+
+def test_samples_during_the_run_score_a_spread_subset_and_the_final_score_the_whole_split() -> None:
+    """The whole split is the final score; a sample during the run keeps its old cost, at
+    most SAMPLE_BATCHES batches spread over the split, not its first part."""
+    from trainer.global_eval import SAMPLE_BATCHES
+    h = held_out(SMALL, 0, load_corpus("markov"))
+    assert len(h.batches) > 2 * SAMPLE_BATCHES
+    positions = [next(i for i, b in enumerate(h.batches) if b is s) for s in h.sample]
+    assert 1 < len(positions) <= SAMPLE_BATCHES
+    assert positions[0] > 0 and positions[-1] > len(h.batches) * 3 // 4, positions
+    params = _params(0)
+    assert h.loss(params, sample=True) != h.loss(params)

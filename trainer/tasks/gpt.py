@@ -15,7 +15,7 @@ from ..model import GPT, ModelConfig
 # it before tasks existed: the built-in task's fault-free runs see the same batches as then.
 # A restarted learner seeks to its position (`start`) with a stream of its own.
 STREAM = 1
-EVAL_BATCH_SIZE = 64   # windows per held-out batch, whatever the run trains with: one fixed set per corpus
+EVAL_BATCH_SIZE = 16   # windows per held-out batch, whatever the run trains with: one fixed set per corpus
 
 
 @dataclass
