@@ -18,6 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
+from .applied import fault_windows, summarize_timing, timings, tolerance_of
 from .divergence import check_no_divergence
 from .durable import DurableState, canonical_id, read_durable_state
 from .nemesis import NEMESES
@@ -93,22 +94,10 @@ class RunView:
         return round(t - self.t0, 3)
 
     def windows(self) -> list[Window]:
-        starts = {h["index"]: h for h in self.history if h.get("event") == "start" and h.get("ok")}
-        # A stop that failed (say SIGCONT did not reach the process) leaves the fault in force
-        # until the next heal.
-        stops = {h["index"]: h for h in self.history if h.get("event") == "stop" and h.get("ok")}
-        heals = [h["t"] for h in self.history if h.get("event") == "heal" and h.get("reason") != "start"]
-        out = []
-        for index, h in sorted(starts.items()):
-            fault = h["fault"]
-            targets = tuple(fault.get("targets") or [fault["target"]])
-            if index in stops:
-                stop = stops[index]["t"]
-            else:
-                later = [t for t in heals if t >= h["t"]]
-                stop = later[0] if later else self.end
-            out.append(Window(index, h["kind"], targets, h["t"], stop))
-        return out
+        """Each fault that started, from its start to its stop (or the final heal that ended it)."""
+        return [Window(w.index, w.kind, tuple(w.targets), w.start, w.stop)
+                for w in sorted(fault_windows(self.history, self.end), key=lambda w: w.index)
+                if w.start is not None and w.index is not None]
 
     def progress_times(self) -> list[float]:
         return [e["t"] for e in self.events if e["kind"] in ("merge", "sync_step")]
@@ -194,28 +183,52 @@ def _covered(t: float, intervals: list[tuple[float, float]]) -> bool:
     return any(a <= t <= b for a, b in intervals)
 
 
-def check_faults_applied(view: RunView) -> Verdict:
+def check_faults_applied(view: RunView, tolerance: float | None = None) -> Verdict:
     """The controller did what the schedule said: every fault started and stopped without
-    an error, and every heal succeeded. Without this, a fault that silently failed to
-    apply would let every other check pass on a run that was never disturbed."""
+    an error, every heal succeeded, and every fault was in force when and for as long as
+    planned, within `tolerance` s (by default the backend's, which the history's `begin`
+    records: chaos/applied.py). Without this, a fault that silently failed to apply, or
+    that a slow action elsewhere shortened to nothing, would let every other check pass on
+    a run that was never disturbed as the schedule says."""
     begin = next((h for h in view.history if h.get("event") == "begin"), None)
     if begin is None:
         return Verdict("faults_applied", UNKNOWN, "no schedule began (no `begin` in the history)")
+    tolerance = tolerance_of(view.history) if tolerance is None else tolerance
     actions = [h for h in view.history if h.get("event") in ("start", "stop")]
     errors = [{"fault": h["index"], "action": h["event"], "at": h.get("at"), "error": h.get("error")}
               for h in actions if not h.get("ok")]
-    errors += [{"heal": h.get("reason"), "error": h.get("error")}
+    errors += [{"heal": h.get("reason"), "error": h.get("error"),
+                **({"unhealed": h["unhealed"]} if h.get("unhealed") else {})}
                for h in view.history if h.get("event") == "heal" and not h.get("ok")]
     started = {h["index"] for h in actions if h["event"] == "start" and h.get("ok")}
     missing = sorted(set(range(begin.get("faults", 0))) - started)
-    evidence = {"faults": begin.get("faults", 0), "actions": len(actions), "errors": errors, "never_started": missing}
+    found = timings(view.history, tolerance)
+    off = [t for t in found if t.problems]
+    evidence = {"faults": begin.get("faults", 0), "actions": len(actions), "errors": errors, "never_started": missing,
+                "tolerance": tolerance, "timing": [t.to_dict() for t in found], **summarize_timing(found)}
     if errors:
         return Verdict("faults_applied", FAIL, f"{len(errors)} fault action(s) or heal(s) failed: "
                        + "; ".join(str(e.get("error")) for e in errors[:3]), evidence)
     ended = any(h.get("event") == "end" for h in view.history)
     if missing and ended:
         return Verdict("faults_applied", FAIL, f"fault(s) {missing} never started", evidence)
-    return Verdict("faults_applied", PASS, f"{len(started)} fault(s) applied and healed without error", evidence)
+    if off:
+        def said(t) -> str:
+            end = "down" if t.planned[1] is None else f"{t.planned[1]:g}"
+            until = "the final heal" if t.in_force[1] is None else f"{t.in_force[1]:.2f}"
+            why = f", after waiting {t.waited_for['seconds']:.2f} s for faults[{t.waited_for['fault']}]" \
+                if t.waited_for else ""
+            return (f"faults[{t.index}] {t.kind} {', '.join(t.targets)}: planned {t.planned[0]:g}-{end} s, in force "
+                    f"{t.in_force[0]:.2f}-{until} s ({'; '.join(t.problems)}{why})")
+        return Verdict("faults_applied", FAIL, f"{len(off)} fault(s) not applied as scheduled (tolerance "
+                       f"{tolerance:g} s): " + "; ".join(said(t) for t in off[:3]), evidence)
+    worst = evidence.get("worst_start_late")
+    shortfall = evidence.get("worst_shortfall")
+    deviation = (f"; in force at most {worst:.3f} s late" + (f" and {max(shortfall, 0.0):.3f} s short"
+                                                             if shortfall is not None else "")
+                 + f" (tolerance {tolerance:g} s)") if worst is not None else ""
+    return Verdict("faults_applied", PASS, f"{len(started)} fault(s) applied and healed without error{deviation}",
+                   evidence)
 
 
 def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,

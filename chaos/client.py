@@ -8,6 +8,7 @@ It speaks the exact API of Toxiproxy 2.12, so it drives the real server and ours
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import requests
@@ -56,8 +57,15 @@ class ToxiproxyClient:
         self.timeout = timeout
         self.attempts = attempts
         self.retry_budget = retry_budget
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = USER_AGENT
+        self._local = threading.local()  # a Session per thread: the controller's fault workers call at once
+
+    @property
+    def session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = self._local.session = requests.Session()
+            session.headers["User-Agent"] = USER_AGENT
+        return session
 
     def __repr__(self) -> str:
         return f"ToxiproxyClient({self.url!r})"

@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .applied import FaultWindow
+from .applied import fault_windows as applied_windows
 from .nemesis import NEMESES
 
 PNG_NAME = "timeline.png"
@@ -48,8 +50,6 @@ FIGSIZE = (14.0, 9.0)
 DPI = 110
 LOSS_SMOOTH_POINTS = 10
 GLOBAL_LOSS_CLIP = 1.5  # Θ samples above this x the highest training loss are drawn clipped
-# Heals after which nothing the schedule started is still in force.
-FINAL_HEALS = ("end", "signal", "exception")
 
 KIND_COLORS = NEMESES.colors()  # each kind's colour lives on its nemesis
 _EXTRA_COLORS = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd"]
@@ -57,24 +57,6 @@ STATUS_COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "unknown": "#9a6700"}
 
 
 # --------------------------------------------------------------------------- reading
-
-
-@dataclass
-class FaultWindow:
-    """One fault as the controller applied it; times on the monotonic clock."""
-
-    index: int | None
-    kind: str
-    targets: list[str]
-    start_entry: dict
-    stop_entry: dict | None
-    start: float | None  # None when the start failed: nothing was in force
-    stop: float | None
-    stop_note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.start_entry.get("ok"))
 
 
 @dataclass
@@ -226,48 +208,9 @@ def load_run(run_dir: str | Path) -> Run:
 # --------------------------------------------------------------------------- derived data
 
 
-def _fault_targets(entry: dict) -> list[str]:
-    fault = entry.get("fault") if isinstance(entry.get("fault"), dict) else {}
-    targets = fault.get("targets")
-    if isinstance(targets, (list, tuple)) and targets:
-        return [str(t) for t in targets]
-    if fault.get("target") is not None:
-        return [str(fault["target"])]
-    return ["?"]
-
-
 def fault_windows(run: Run) -> list[FaultWindow]:
     """Every start entry of the history paired with its stop (or the heal that ended it)."""
-    stops: dict[Any, dict] = {}
-    for h in run.history:
-        if h.get("event") == "stop" and h.get("index") is not None:
-            stops.setdefault(h["index"], h)
-    heals = sorted(float(h["t"]) for h in run.history
-                   if h.get("event") == "heal" and h.get("reason") in FINAL_HEALS and _num(h.get("t")) is not None)
-    out = []
-    for h in run.history:
-        if h.get("event") != "start":
-            continue
-        start = _num(h.get("t"))
-        kind = str(h.get("kind") or (h.get("fault") or {}).get("kind") or "?")
-        stop_entry = stops.get(h.get("index"))
-        window = FaultWindow(index=h.get("index"), kind=kind, targets=_fault_targets(h), start_entry=h,
-                             stop_entry=stop_entry, start=start if h.get("ok") else None, stop=None)
-        if window.start is not None:
-            stop_t = _num(stop_entry.get("t")) if stop_entry is not None else None
-            if stop_t is not None and stop_entry.get("ok", True):
-                window.stop = stop_t
-            else:
-                later = [t for t in heals if t >= window.start]
-                if later:
-                    window.stop = later[0]
-                    window.stop_note = ("stop failed; in force until the final heal" if stop_entry is not None
-                                        else "no stop; in force until the final heal")
-                else:
-                    window.stop = max(run.t_end, window.start)
-                    window.stop_note = "never healed in the recorded data"
-        out.append(window)
-    return out
+    return applied_windows(run.history, run.t_end)
 
 
 def _unit(target: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 SPARE_SCRIPT = Path(__file__).with_name("spare_main.py")
@@ -34,11 +35,16 @@ class SparePool:
         self.idle: list[subprocess.Popen] = []
         self.closed = False
         self.taken = 0
+        self._lock = threading.RLock()  # restarts of two targets at once (the controller's workers)
 
     def start(self) -> None:
         self._refill()
 
     def _refill(self) -> None:
+        with self._lock:
+            self._refill_locked()
+
+    def _refill_locked(self) -> None:
         self.idle = [p for p in self.idle if p.poll() is None]  # a spare that died is replaced
         while not self.closed and len(self.idle) < self.size:
             self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -59,6 +65,10 @@ class SparePool:
         """A live spare turned into `argv` (its output appended to `log`), or None."""
         if not self.serves(argv, env):
             return None
+        with self._lock:
+            return self._take_locked(argv, env, log)
+
+    def _take_locked(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen | None:
         while self.idle:
             popen = self.idle.pop(0)
             if popen.poll() is not None:

@@ -109,12 +109,26 @@ def _down_until(fault: BaseFault) -> float:
     return fault.end
 
 
+def contend(a: BaseFault, b: BaseFault) -> bool:
+    """Whether two faults act on the same thing: one process (or a unit and one of its
+    ranks), the same toxic of one link, or one link's partition. Such faults may not
+    overlap in time, and the controller starts the later only once the earlier is over."""
+    if isinstance(a, ProcessFault) and isinstance(b, ProcessFault):
+        return targets_clash(a.target, b.target)
+    if isinstance(a, LinkFault) and type(a) is type(b):
+        assert isinstance(b, LinkFault)
+        return a.target == b.target and any(s in b.streams for s in a.streams)
+    if isinstance(a, Partition) and isinstance(b, Partition):
+        return any(t in b.targets for t in a.targets)
+    return False
+
+
 def _clash(i: int, a: BaseFault, j: int, b: BaseFault) -> str | None:
     """Why faults i < j can't both be scheduled, or None if they can."""
     head = f"faults[{j}]: overlaps faults[{i}]"
+    if not contend(a, b):
+        return None
     if isinstance(a, ProcessFault) and isinstance(b, ProcessFault):
-        if not targets_clash(a.target, b.target):
-            return None
         if not _overlap(a.at, _down_until(a), b.at, _down_until(b)):
             return None
         where = a.target if a.target == b.target else f"{a.target} and {b.target}"
@@ -128,7 +142,7 @@ def _clash(i: int, a: BaseFault, j: int, b: BaseFault) -> str | None:
     if isinstance(a, LinkFault) and type(a) is type(b):
         assert isinstance(b, LinkFault)
         streams = [s for s in a.streams if s in b.streams]
-        if a.target != b.target or not streams or not _overlap(a.at, a.end, b.at, b.end):
+        if not _overlap(a.at, a.end, b.at, b.end):
             return None
         which = f"{streams[0]} stream" if len(streams) == 1 else "upstream and downstream streams"
         return (
@@ -137,7 +151,7 @@ def _clash(i: int, a: BaseFault, j: int, b: BaseFault) -> str | None:
         )
     if isinstance(a, Partition) and isinstance(b, Partition):
         common = [t for t in a.targets if t in b.targets]
-        if not common or not _overlap(a.at, a.end, b.at, b.end):
+        if not _overlap(a.at, a.end, b.at, b.end):
             return None
         return f"{head}: both partition {', '.join(common)} ({a.span} and {b.span}); a link can be partitioned only once at a time"
     return None
@@ -464,6 +478,18 @@ class Schedule:
     def sorted(self) -> Schedule:
         """The same schedule with faults ordered by ``at`` (stable for ties)."""
         return replace(self, faults=tuple(sorted(self.faults, key=lambda f: f.at)))
+
+    def predecessors(self) -> dict[int, int]:
+        """Fault index -> the index of the latest earlier fault on the same thing (``contend``):
+        the controller starts a fault only once that one is over, and any other fault at once."""
+        order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].at, i))
+        out: dict[int, int] = {}
+        for x, j in enumerate(order):
+            for i in reversed(order[:x]):
+                if contend(self.faults[i], self.faults[j]):
+                    out[j] = i
+                    break
+        return out
 
     def events(self) -> list[Event]:
         """Start/stop actions in time order; indices refer to ``self.faults``.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from trainer.runspec import RunSpec
 
+from ..applied import DEFAULT_TOLERANCE
 from ..client import NotFound, ToxiproxyClient
 
 
@@ -25,6 +26,9 @@ class Cluster(ABC):
     run_dir: Path
     learners: int
     toxiproxy: ToxiproxyClient
+    # Seconds a fault action may take on this backend before `faults_applied` calls the
+    # fault late or short (chaos/applied.py); the controller records it in `begin`.
+    action_tolerance: float = DEFAULT_TOLERANCE
 
     # ----------------------------------------------------------- lifecycle
     def preflight(self) -> None:

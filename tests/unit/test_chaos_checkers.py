@@ -305,8 +305,63 @@ def test_faults_applied_passes_when_every_action_and_heal_succeeded():
     faults = [kill("learner-1", 10.0, 5.0), latency("learner-2", 20.0, 5.0)]
     verdict = check_faults_applied(view(training(), history_for(faults)))
     assert verdict.status == PASS
-    assert verdict.evidence == {"faults": 2, "actions": 4, "errors": [], "never_started": []}
+    assert {k: verdict.evidence[k] for k in ("faults", "actions", "errors", "never_started")} == \
+        {"faults": 2, "actions": 4, "errors": [], "never_started": []}
     assert "2 fault(s)" in verdict.detail
+
+
+def test_faults_applied_fails_a_fault_started_late_and_in_force_too_short():
+    """Issue 26: a 3 s latency due at t=6 started at 8.64 s (the controller was busy
+    restarting the syncer) and stopped on time at 9 s: 0.36 s in force. The check fails,
+    naming the fault, both intervals and the shortfall; every action had succeeded."""
+    faults = [kill("syncer", 3.0, 2.0), latency("learner-1", 6.0, 3.0)]
+    history = history_for(faults)
+    late = next(i for i, e in enumerate(history) if e.get("event") == "start" and e.get("index") == 1)
+    history[late] = {**history[late], "at": 8.63, "took": 0.01}
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL
+    assert "faults[1] latency learner-1: planned 6-9 s, in force 8.64-9.00 s" in verdict.detail
+    assert "0.36 s of the 3 s planned" in verdict.detail
+    row = next(r for r in verdict.evidence["timing"] if r["fault"] == 1)
+    assert row["start_late"] == pytest.approx(2.64) and row["shortfall"] == pytest.approx(2.64)
+
+
+def test_faults_applied_passes_on_time_with_the_deviation_in_its_detail():
+    """Every fault in force within the tolerance: pass, with the worst deviation said."""
+    faults = [kill("syncer", 3.0, 2.0), latency("learner-1", 6.0, 3.0)]
+    verdict = check_faults_applied(view(training(), history_for(faults)))
+    assert verdict.status == PASS
+    assert "at most 0.010 s late" in verdict.detail and "tolerance 0.25 s" in verdict.detail
+    assert verdict.evidence["tolerance"] == 0.25
+
+
+def test_a_kill_is_in_force_until_its_target_is_back():
+    """A kill's restart that takes 4 s makes the kill last 4 s longer, which is no
+    shortfall; a restart issued late is (the fault lasted longer than planned)."""
+    fault = kill("syncer", 3.0, 2.0)
+    history = history_for([fault])
+    stop = next(i for i, e in enumerate(history) if e.get("event") == "stop")
+    history[stop] = {**history[stop], "took": 4.0}
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == PASS, verdict.detail
+    row = verdict.evidence["timing"][0]
+    assert row["in_force"] == [3.01, 9.0] and row["shortfall"] == pytest.approx(-3.99)
+    history[stop] = {**history[stop], "at": 6.5}
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL and "stopped 1.50 s after its planned end 5 s" in verdict.detail
+
+
+def test_faults_applied_uses_the_backends_tolerance_from_the_history():
+    """A backend whose actions take longer (a Docker engine call) records its tolerance in
+    `begin`: a start 0.6 s late then passes under compose's, and fails under the default."""
+    faults = [pause("learner-2", 10.0, 5.0)]
+    history = history_for(faults)
+    start = next(i for i, e in enumerate(history) if e.get("event") == "start")
+    history[start] = {**history[start], "took": 0.6}
+    assert check_faults_applied(view(training(), history)).status == FAIL
+    b = next(i for i, e in enumerate(history) if e.get("event") == "begin")
+    history[b] = {**history[b], "tolerance": 1.5}
+    assert check_faults_applied(view(training(), history)).status == PASS
 
 
 def test_faults_applied_fails_naming_the_fault_and_error_of_a_failed_start():
