@@ -89,8 +89,8 @@ def _run_in(out: Path, schedule, spec, args: argparse.Namespace) -> int:
     print(f"chaos: {len(schedule.faults)} fault(s), {args.learners} learners, backend {args.backend}, "
           f"run dir {out}", flush=True)
     try:
-        with ProgressPrinter(RunProgress(out, args.learners)):
-            result = run_schedule(schedule, out, spec, reference=args.reference)
+        with ProgressPrinter(RunProgress(out, args.learners)) as printer:
+            result = run_schedule(schedule, out, spec, reference=args.reference, on_phase=printer.phase)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {exc}", file=sys.stderr)
         return 2
@@ -124,8 +124,8 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
           f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
           f"{recorded.mode}{extra}, run dir {out}", flush=True)
     try:
-        with ProgressPrinter(RunProgress(out, recorded.learners)):
-            result = replay(args.run_dir, out, recorded, reference=args.reference)
+        with ProgressPrinter(RunProgress(out, recorded.learners)) as printer:
+            result = replay(args.run_dir, out, recorded, reference=args.reference, on_phase=printer.phase)
     except ValueError as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2

@@ -105,6 +105,23 @@ def fault_windows(history: list[dict], end: float) -> list[FaultWindow]:
     return out
 
 
+EXIT = "exit"  # a process that exited on its own: the local backend's supervisor restarts it
+
+
+def exit_windows(events: list[dict], end: float) -> list[tuple[str, float, float, dict]]:
+    """(target, exited at, restarted at, the exit event) of every process the supervisor
+    (chaos/supervisor.py) saw exit on its own; a process never restarted is down until `end`."""
+    out = []
+    mine = [e for e in events if e.get("process") == "supervisor" and e.get("kind") in ("exit", "restart")]
+    for i, e in enumerate(mine):
+        if e["kind"] != "exit":
+            continue
+        back = next((r["t"] for r in mine[i + 1:] if r["kind"] == "restart" and r.get("target") == e.get("target")),
+                    None)
+        out.append((str(e.get("target")), float(e["t"]), float(back) if back is not None else max(end, e["t"]), e))
+    return out
+
+
 @dataclass(frozen=True)
 class Timing:
     """One fault's plan against what was done, on the schedule's clock (seconds from t0)."""

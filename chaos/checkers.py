@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Callable
 
-from .applied import fault_windows, summarize_timing, timings, tolerance_of
+from .applied import EXIT, exit_windows, fault_windows, summarize_timing, timings, tolerance_of
 from .divergence import check_no_divergence
 from .durable import DurableState, canonical_id, read_durable_state
 from .nemesis import NEMESES
@@ -30,7 +30,7 @@ NOT_APPLICABLE = "n/a"  # nothing to judge in this run's mode
 # Required to pass (where they apply); every other check only may not fail.
 SAFETY_CHECKS = ("no_lost_acks", "no_double_apply", "monotonic_versions", "finite")
 # Kinds after which a learner cannot contribute (kill, pause, partition): each nemesis says so.
-LEARNER_IMPAIRING = NEMESES.impairing()
+LEARNER_IMPAIRING = NEMESES.impairing() | {EXIT}  # and a process that exited on its own
 
 # Time windows on the run's own clock (chaos/pace.py): each allowance is the fixed delays
 # the configuration imposes plus this many outer round periods measured in the run itself.
@@ -65,7 +65,7 @@ class Verdict:
 class Window:
     """When a fault was really in force: from its start to its stop (or the final heal)."""
 
-    index: int
+    index: int | None  # None: no fault of the schedule (a process that exited on its own)
     kind: str
     targets: tuple[str, ...]
     start: float
@@ -94,10 +94,15 @@ class RunView:
         return round(t - self.t0, 3)
 
     def windows(self) -> list[Window]:
-        """Each fault that started, from its start to its stop (or the final heal that ended it)."""
-        return [Window(w.index, w.kind, tuple(w.targets), w.start, w.stop)
-                for w in sorted(fault_windows(self.history, self.end), key=lambda w: w.index)
-                if w.start is not None and w.index is not None]
+        """Each fault that started, from its start to its stop (or the final heal that ended
+        it), then each exit of a process on its own until the supervisor restarted it (kind
+        `exit`, no index: no schedule asked for it, and every check judges its recovery)."""
+        faults = [Window(w.index, w.kind, tuple(w.targets), w.start, w.stop)
+                  for w in sorted(fault_windows(self.history, self.end), key=lambda w: w.index)
+                  if w.start is not None and w.index is not None]
+        exits = [Window(None, EXIT, (target,), start, stop) for target, start, stop, _ in
+                 exit_windows(self.events, self.end) if target == "syncer" or target.startswith("learner-")]
+        return faults + exits
 
     def progress_times(self) -> list[float]:
         return [e["t"] for e in self.events if e["kind"] in ("merge", "sync_step")]
@@ -200,6 +205,11 @@ def check_faults_applied(view: RunView, tolerance: float | None = None) -> Verdi
     errors += [{"heal": h.get("reason"), "error": h.get("error"),
                 **({"unhealed": h["unhealed"]} if h.get("unhealed") else {})}
                for h in view.history if h.get("event") == "heal" and not h.get("ok")]
+    errors += [{"proxy_server": "exited", "at": view.rel(start), "back_at": view.rel(stop),
+                "error": f"the proxy server exited on its own (exit code {e.get('exit_code')}) at "
+                         f"t={view.rel(start):.1f} s: every toxic in force was lost and the links were cut until "
+                         f"it was back at t={view.rel(stop):.1f} s"}
+               for target, start, stop, e in exit_windows(view.events, view.end) if target == "toxiproxy"]
     started = {h["index"] for h in actions if h["event"] == "start" and h.get("ok")}
     missing = sorted(set(range(begin.get("faults", 0))) - started)
     found = timings(view.history, tolerance)
@@ -207,8 +217,12 @@ def check_faults_applied(view: RunView, tolerance: float | None = None) -> Verdi
     evidence = {"faults": begin.get("faults", 0), "actions": len(actions), "errors": errors, "never_started": missing,
                 "tolerance": tolerance, "timing": [t.to_dict() for t in found], **summarize_timing(found)}
     if errors:
+        def named(e: dict) -> str:
+            where = (f"faults[{e['fault']}] {e['action']}" if "fault" in e else
+                     f"heal ({e['heal']})" if "heal" in e else "")
+            return f"{where}: {e.get('error')}" if where else str(e.get("error"))
         return Verdict("faults_applied", FAIL, f"{len(errors)} fault action(s) or heal(s) failed: "
-                       + "; ".join(str(e.get("error")) for e in errors[:3]), evidence)
+                       + "; ".join(named(e) for e in errors[:3]), evidence)
     ended = any(h.get("event") == "end" for h in view.history)
     if missing and ended:
         return Verdict("faults_applied", FAIL, f"fault(s) {missing} never started", evidence)

@@ -9,7 +9,9 @@ It speaks the exact API of Toxiproxy 2.12, so it drives the real server and ours
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import requests
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, stop_any, wait_exponential_jitter
@@ -70,17 +72,41 @@ class ToxiproxyClient:
     def __repr__(self) -> str:
         return f"ToxiproxyClient({self.url!r})"
 
+    @contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """Calls made by this thread inside the block retry until `seconds` from now have
+        passed, however many attempts that takes (the controller gives a fault's start the
+        time until its planned end, and a heal a deadline of its own)."""
+        saved = getattr(self._local, "deadline", None)
+        self._local.deadline = time.monotonic() + max(0.0, seconds)
+        try:
+            yield
+        finally:
+            self._local.deadline = saved
+
     def _call(self, method: str, path: str, body: Any = None) -> Any:
-        retrying = Retrying(stop=stop_any(stop_after_attempt(self.attempts), stop_after_delay(self.retry_budget)),
-                            wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.1),
+        deadline = getattr(self._local, "deadline", None)
+        if deadline is not None:
+            stop = stop_after_delay(max(0.0, deadline - time.monotonic()))
+        else:
+            stop = stop_any(stop_after_attempt(self.attempts), stop_after_delay(self.retry_budget))
+        retrying = Retrying(stop=stop, wait=wait_exponential_jitter(multiplier=0.05, max=1.0, jitter=0.1),
                             retry=retry_if_exception(_retryable), reraise=True)
+        self._local.retried = False
         try:
             for attempt in retrying:
                 with attempt:
+                    self._local.retried = attempt.retry_state.attempt_number > 1
                     return self._once(method, path, body)
         except (requests.ConnectionError, requests.Timeout) as exc:
             raise Unreachable(f"Toxiproxy at {self.url} did not answer {method} {path}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @property
+    def last_call_retried(self) -> bool:
+        """Whether this thread's last call needed more than one attempt: a 409 or 404 it got
+        may answer an earlier attempt that did reach the server."""
+        return bool(getattr(self._local, "retried", False))
 
     def _once(self, method: str, path: str, body: Any) -> Any:
         resp = self.session.request(method, self.url + path, json=body, timeout=self.timeout)
@@ -138,7 +164,15 @@ class ToxiproxyClient:
         body = {"type": type, "stream": stream, "toxicity": toxicity, "attributes": attributes or {}}
         if name:
             body["name"] = name
-        return self._call("POST", f"/proxies/{proxy}/toxics", body)
+        try:
+            return self._call("POST", f"/proxies/{proxy}/toxics", body)
+        except Conflict:
+            # A retry after a timeout finds the toxic its first attempt added: that is success.
+            if name and self.last_call_retried:
+                existing = next((t for t in self.toxics(proxy) if t.get("name") == name), None)
+                if existing is not None and existing.get("type") == type and existing.get("stream") == stream:
+                    return existing
+            raise
 
     def update_toxic(self, proxy: str, name: str, attributes: dict | None = None,
                      toxicity: float | None = None) -> dict:

@@ -12,8 +12,9 @@ import json
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from faults import Event, Kill, Schedule
 from trainer.signals import set_on_signal
@@ -28,6 +29,15 @@ HISTORY_FILE = "history.jsonl"
 # judges the state after the last heal (converged, final loss, rejoined) would judge a
 # cluster that never had a chance to recover.
 SETTLE_AFTER_FINAL_HEAL = 15.0
+# Proxy API calls: a per-call timeout of this many measured round trips, at least
+# MIN_CALL_TIMEOUT s (the default client's 5 s, bounded below so a fast machine's 2 ms
+# round trip does not make a 40 ms timeout); a stop retries for STOP_DEADLINE s and a heal
+# for HEAL_DEADLINE s (a proxy SIGSTOPped for 20 s mid-run is waited for, not given up on).
+CALL_TIMEOUT_RTTS = 50
+MIN_CALL_TIMEOUT = 2.0
+STOP_DEADLINE = 60.0
+HEAL_DEADLINE = 120.0
+SIGNAL_HEAL_DEADLINE = 10.0  # ^C: heal promptly, the user is waiting
 
 
 class Interrupted(Exception):
@@ -90,18 +100,68 @@ class Controller:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._crashed: BaseException | None = None
+        self.api: dict = {}  # the proxy API's measured round trip and the call timeout sized from it
         self.errors: list[str] = []
 
     # ----------------------------------------------------------- healing
-    def heal(self, reason: str) -> list[str]:
-        try:
-            done = self.cluster.heal_all()
-            self.history.record(event="heal", reason=reason, did=done, ok=True)
-            return done
-        except Exception as exc:  # noqa: BLE001 - recorded; healing is retried at the end
-            self.history.record(event="heal", reason=reason, ok=False, error=f"{type(exc).__name__}: {exc}")
-            self._error(f"heal ({reason}): {exc}")
-            return []
+    def heal(self, reason: str, deadline: float = 0.0) -> list[str]:
+        """Heal everything; with a `deadline` (seconds), retry until it has passed: a final
+        heal that cannot reach the proxy (starved, or stopped) waits for it rather than
+        leave the links cut. What stayed unhealed is recorded with the failure."""
+        attempts, until = 0, self.clock() + deadline
+        while True:
+            attempts += 1
+            try:
+                with self._api_deadline(max(0.0, until - self.clock())):
+                    done = self.cluster.heal_all()
+                extra = {"attempts": attempts} if attempts > 1 else {}
+                self.history.record(event="heal", reason=reason, did=done, ok=True, **extra)
+                return done
+            except Exception as exc:  # noqa: BLE001 - recorded; the run goes on to its checks
+                if self.clock() < until and not self._stop.is_set():
+                    self._stop.wait(min(1.0, max(0.0, until - self.clock())))
+                    continue
+                error = f"{type(exc).__name__}: {exc}"
+                self.history.record(event="heal", reason=reason, ok=False, error=error, attempts=attempts,
+                                    unhealed=self._in_force())
+                self._error(f"heal ({reason}): {exc}")
+                return []
+
+    def _in_force(self) -> list[str]:
+        """The faults whose start worked and whose stop did not (or has not come): what a heal
+        that failed left in place."""
+        entries = read_history(self.history.path)
+        stopped = {e["index"] for e in entries if e.get("event") == "stop" and e.get("ok")}
+        return [f"faults[{e['index']}] {e.get('kind')} {', '.join(e['fault'].get('targets') or [e['fault'].get('target')])}"
+                for e in entries if e.get("event") == "start" and e.get("ok") and e["index"] not in stopped]
+
+    @contextmanager
+    def _api_deadline(self, seconds: float) -> Iterator[None]:
+        """Calls to the proxy's API from this thread retry until `seconds` have passed."""
+        client = getattr(self.cluster, "toxiproxy", None)
+        if client is None or not hasattr(client, "within") or seconds <= 0:
+            yield
+            return
+        with client.within(seconds):
+            yield
+
+    def _size_api_calls(self) -> None:
+        """The proxy API's per-call timeout from its measured round trip (median of a few
+        GET /version): CALL_TIMEOUT_RTTS round trips, never under MIN_CALL_TIMEOUT s."""
+        client = getattr(self.cluster, "toxiproxy", None)
+        if client is None or not hasattr(client, "version"):
+            return
+        rtts = []
+        for _ in range(3):
+            started = self.clock()
+            try:
+                client.version()
+            except Exception:  # noqa: BLE001 - an unreachable proxy is met, and recorded, by the faults
+                return
+            rtts.append(self.clock() - started)
+        rtt = sorted(rtts)[1]
+        client.timeout = round(max(MIN_CALL_TIMEOUT, CALL_TIMEOUT_RTTS * rtt), 3)
+        self.api = {"round_trip": round(rtt, 4), "call_timeout": round(client.timeout, 3)}
 
     def _error(self, message: str) -> None:
         with self._lock:
@@ -110,11 +170,15 @@ class Controller:
     # ----------------------------------------------------------- actions
     def apply(self, event: Event, t0: float, waited: dict | None = None) -> dict:
         """Do one action now and record it: when it was planned, when it was issued (`at`)
-        and how long it took, all on the schedule's clock."""
+        and how long it took, all on the schedule's clock. A start's calls to the proxy
+        retry until the fault's planned end (past it, it would be in force for nothing); a
+        stop's for STOP_DEADLINE s, since a fault left in force spoils the rest of the run."""
         started = self.clock()
+        budget = (t0 + event.fault.end - started) if event.action == "start" else STOP_DEADLINE
         try:
             nemesis = nemesis_for(event.fault)  # an unknown kind is recorded like any failed action
-            did = (nemesis.start if event.action == "start" else nemesis.stop)(self.cluster, event.fault)
+            with self._api_deadline(budget):
+                did = (nemesis.start if event.action == "start" else nemesis.stop)(self.cluster, event.fault)
             ok, error = True, None
         except Exception as exc:  # noqa: BLE001 - recorded in the history, the run goes on
             did, ok, error = None, False, f"{type(exc).__name__}: {exc}"
@@ -193,20 +257,22 @@ class Controller:
         entries: list[dict] = []
         try:
             if heal_first:
-                self.heal("start")
+                self.heal("start", deadline=HEAL_DEADLINE)
+            self._size_api_calls()
             t0 = self.clock()
             self.history.record(event="begin", seed=self.schedule.seed, faults=len(self.schedule.faults),
-                                duration=duration, tolerance=getattr(self.cluster, "action_tolerance", None))
+                                duration=duration, tolerance=getattr(self.cluster, "action_tolerance", None),
+                                **({"api": self.api} if self.api else {}))
             entries = self._apply_schedule(t0)
             self._wait_until(self._end(t0, duration, entries))
-            if self.heal("end") and self.settle > 0:
+            if self.heal("end", deadline=HEAL_DEADLINE) and self.settle > 0:
                 self.history.record(event="settle", seconds=self.settle)
                 self._wait_until(self.clock() + self.settle)
         except Interrupted:
-            self.heal("signal")
+            self.heal("signal", deadline=SIGNAL_HEAL_DEADLINE)
             raise
         except BaseException:
-            self.heal("exception")
+            self.heal("exception", deadline=SIGNAL_HEAL_DEADLINE)
             raise
         finally:
             self._restore_signal_handlers(handlers)

@@ -45,7 +45,7 @@ MIN_INTERVALS = 3
 # what two shared cores took for Python + torch + the handshake on the slowest start seen.
 FALLBACK_STARTUP = 20.0
 # Faults after which the target is a fresh process that has to start cold.
-RESTARTING = {"kill"}
+RESTARTING = {"kill", "exit"}  # exit: a process that exited on its own, restarted by the supervisor
 # Faults during which a request can hang until its deadline (a killed peer closes at once).
 HANGING = {"partition", "pause"}
 

@@ -83,6 +83,7 @@ class ManagedProcess:
     log: Path
     env: dict[str, str]
     popen: subprocess.Popen | None = None
+    started_at: float | None = None  # monotonic time of the last start
 
     @property
     def pid(self) -> int | None:
@@ -91,12 +92,17 @@ class ManagedProcess:
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
 
+    def exit_code(self) -> int | None:
+        """Its exit status once it has exited, else None (running, or never started)."""
+        return self.popen.poll() if self.popen is not None else None
+
     def paused(self) -> bool:
         return self.running() and proc_state(self.popen.pid) == "T"
 
     def start(self, spares: "SparePool | None" = None) -> None:
         """Start cold, or turn a warm spare from `spares` into this process when it can."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
+        self.started_at = time.monotonic()
         self.popen = spares.take(self.argv, self.env, self.log) if spares is not None else None
         if self.popen is not None:
             return

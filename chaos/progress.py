@@ -71,7 +71,8 @@ class RunProgress:
         self.rounds = 0
         self.t0: float | None = None  # the schedule's clock start (history "begin")
         self.all_training = False
-        self.ended = False  # the schedule is done: the cluster stops, no more heartbeats
+        self.ended = False  # the schedule is done: the heartbeat says what the run does instead
+        self.phase: tuple[str, float] | None = None  # what the run does after its schedule, and since when
         self.last_said = clock()
 
     def _when(self, t: float) -> str:
@@ -150,8 +151,13 @@ class RunProgress:
             text = self._history_line(entry)  # before say(): a "begin" starts the schedule's clock
             if text:
                 say(float(entry.get("t", now)), text)
-        if not lines and not self.ended and now - self.last_said >= self.heartbeat:
-            if self.all_training:
+        if not lines and now - self.last_said >= self.heartbeat:
+            if self.phase is not None:
+                text, since = self.phase
+                say(now, f"{text} ({now - since:.0f} s so far)")
+            elif self.ended:
+                say(now, "stopping the cluster and checking the run")
+            elif self.all_training:
                 say(now, self._pulse())
             else:
                 say(now, f"starting: {len(self.last_step)} of {self.learners} learners training so far")
@@ -160,8 +166,20 @@ class RunProgress:
         return lines
 
 
+    def set_phase(self, text: str) -> str:
+        """What the run does now that its schedule is over (stopping, scoring, a reference
+        run): the next heartbeats say it, with the time it has taken so far."""
+        self.phase = (text, self.clock())
+        self.last_said = self.clock()
+        return f"chaos: {self._when(self.clock())}  {text}"
+
+
 class ProgressPrinter:
-    """Prints RunProgress's lines from a daemon thread while a run goes on (a context manager)."""
+    """Prints RunProgress's lines from a daemon thread while a run goes on (a context manager).
+
+    The thread only reads files and sleeps, so it keeps its 10 s heartbeat on a loaded
+    machine: the proxies, which used to share the controller's process and its GIL, run
+    in a process of their own (chaos/backends/local.py)."""
 
     def __init__(self, progress: RunProgress, out: TextIO | None = None, poll: float = POLL_SECONDS) -> None:
         self.progress = progress
@@ -180,6 +198,10 @@ class ProgressPrinter:
                 self._emit()
             except OSError:  # a file vanished mid-read: the next poll sees the new state
                 continue
+
+    def phase(self, text: str) -> None:
+        """Say what the run does now, at once, and keep saying it in the heartbeat."""
+        print(self.progress.set_phase(text), file=self.out, flush=True)
 
     def __enter__(self) -> ProgressPrinter:
         self._thread.start()

@@ -27,6 +27,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from trainer.runspec import RunSpec
 
@@ -205,7 +206,8 @@ def reference_duration(duration: float) -> float:
     return math.ceil(duration / DURATION_GRID) * DURATION_GRID
 
 
-def obtain(spec: RunSpec, tokens: float | None = None) -> ReferenceCurve | None:
+def obtain(spec: RunSpec, tokens: float | None = None,
+           on_phase: Callable[[str], None] | None = None) -> ReferenceCurve | None:
     """The cached reference for this configuration (one that covers `duration` s or the
     chaos run's `tokens` merged tokens), or a fault-free run of it made now
     through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
@@ -222,10 +224,11 @@ def obtain(spec: RunSpec, tokens: float | None = None) -> ReferenceCurve | None:
     # together would share (and delete) `<key>-run`; the later one waits and uses the cache.
     with flocked(reference_dir() / f"{key}.lock", LOCK_WAIT_FACTOR * wanted + LOCK_WAIT_EXTRA):
         cached = load_cached(key, wanted, tokens)
-        return cached if cached is not None else _run_reference(spec, settings, key, wanted)
+        return cached if cached is not None else _run_reference(spec, settings, key, wanted, on_phase)
 
 
-def _run_reference(spec: RunSpec, settings: dict, key: str, wanted: float) -> ReferenceCurve | None:
+def _run_reference(spec: RunSpec, settings: dict, key: str, wanted: float,
+                   on_phase: Callable[[str], None] | None = None) -> ReferenceCurve | None:
     """Run the fault-free reference of `spec` for `wanted` s in `reference_dir()/<key>-run`
     and cache its curve (the caller holds the key's lock)."""
     from faults import Schedule
@@ -236,8 +239,12 @@ def _run_reference(spec: RunSpec, settings: dict, key: str, wanted: float) -> Re
     run_dir = reference_dir() / f"{key}-run"
     if run_dir.exists():
         shutil.rmtree(run_dir)
-    print(f"chaos: no fault-free reference of this configuration yet; running one for {wanted:.0f} s in {run_dir} "
-          f"(cached for the next runs; --reference off skips it)", flush=True)
+    notice = (f"no fault-free reference of this configuration yet: running one for {wanted:.0f} s (plus its "
+              f"start-up) in {run_dir}; cached for the next runs, --reference off skips it")
+    if on_phase is not None:
+        on_phase(notice)
+    else:
+        print(f"chaos: {notice}", flush=True)
     saved = {k: os.environ.pop(k) for k in NOT_INHERITED if k in os.environ}
     try:
         # A fault-free run restarts nothing and runs locally (above).

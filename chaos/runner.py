@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from faults import Schedule
 
@@ -156,11 +157,13 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
 
 def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
                  checker_options: dict | None = None, evaluate: bool = True, reference: str = "auto",
-                 **settings) -> RunResult:
+                 on_phase: Callable[[str], None] | None = None, **settings) -> RunResult:
     """Run `spec` (or a RunSpec of `settings`: backend=, learners=, task=, ...) under
     `schedule`. `reference`: "auto" compares the final loss with a fault-free run of the
     same configuration (chaos/reference.py: cached, run after this one when missing), "off"
-    does not (nor does a run that is not evaluated)."""
+    does not (nor does a run that is not evaluated). `on_phase` hears what the run does
+    after its schedule (the progress printer's heartbeat says it)."""
+    phase = on_phase or (lambda text: None)
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
     spec = (spec or RunSpec()).replace(**settings) if settings else (spec or RunSpec())
@@ -190,21 +193,24 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
         controller.run(spec.duration)
     finally:
         try:
+            phase("stopping the cluster (learners push what they have left, the syncer scores the final parameters)")
             cluster.stop()
         finally:
             history.close()
     curve = None
     if reference == "auto" and evaluate:
-        curve = fault_free_reference(run_dir, spec)
+        curve = fault_free_reference(run_dir, spec, phase)
+    phase("checking the run")
     return evaluate_run(run_dir, spec.learners, checker_options, spec.data, evaluate, curve)
 
 
-def fault_free_reference(run_dir: Path, spec: RunSpec) -> ReferenceCurve | None:
+def fault_free_reference(run_dir: Path, spec: RunSpec,
+                         on_phase: Callable[[str], None] | None = None) -> ReferenceCurve | None:
     """The reference for this run's configuration (cached, or run now), recorded in run.json
     (`reference`); None, with the reason recorded, when none could be had."""
     try:
         tokens = final_tokens(RunView(read_events(run_dir), []))
-        curve = obtain_reference(spec, tokens=tokens)
+        curve = obtain_reference(spec, tokens=tokens, on_phase=on_phase)
         note = curve.describe() if curve is not None else {"error": "the reference run sampled no global loss"}
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         curve, note = None, {"error": f"{type(exc).__name__}: {exc}"}

@@ -2,7 +2,8 @@
 
 Each learner reaches the syncer only through its own proxy (`learner-N`), so every byte
 of every link can be cut, slowed or reset. The proxy server is our Toxiproxy-compatible
-server running in this process, or a real Toxiproxy when TOXIPROXY_URL is set.
+server in a process of its own (`python -m chaos.toxiproxy`), or a real Toxiproxy when
+TOXIPROXY_URL is set.
 """
 from __future__ import annotations
 
@@ -11,12 +12,15 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
 from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
+from ..supervisor import Supervisor
+from trainer.events import EventLog
 from trainer.runspec import RunSpec
 from trainer.secretfile import ensure_secret
 
@@ -26,6 +30,7 @@ from .ranks import published_rank_pid, split_rank, wait_for_rank
 START_TIMEOUT = 90.0
 SPARE_PRELOAD = "trainer.warm"  # what a warm spare imports: torch, both roles, torch's first-use costs
 STOP_TIMEOUT = 20.0
+TOXIPROXY = "toxiproxy"  # the proxy server's process: not a fault target
 
 
 class LocalCluster(Cluster):
@@ -38,7 +43,6 @@ class LocalCluster(Cluster):
         self.learner_args = {i: list(a) for i, a in spec.learner_args.items()}
         self.toxiproxy_url = toxiproxy_url if toxiproxy_url is not None else os.environ.get("TOXIPROXY_URL")
         self.registry = Registry(name, run_dir=self.run_dir)
-        self._server = None
         self.toxiproxy: ToxiproxyClient | None = None  # type: ignore[assignment]
         self.syncer_port = 0
         self._port_reservation: socket.socket | None = None
@@ -47,6 +51,12 @@ class LocalCluster(Cluster):
         self.leftovers: list[str] = []
         self.warm_spares = spec.warm_spares
         self.spares: SparePool | None = None
+        # Process state changes (a fault's kill or restart, the supervisor's restart) one at a
+        # time; waiting for a restarted syncer to listen happens outside it.
+        self._lock = threading.RLock()
+        self._held: set[str] = set()  # units killed by a fault, down until its stop restarts them
+        self.supervisor: Supervisor | None = None
+        self._supervisor_log: EventLog | None = None
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -68,6 +78,9 @@ class LocalCluster(Cluster):
         for i in range(1, self.learners + 1):
             self._start_learner(i)
         self._wait_syncer_listening(syncer)
+        self._supervisor_log = EventLog(str(self.run_dir), "supervisor")
+        self.supervisor = Supervisor(self, self._supervisor_log.emit, self._lock)
+        self.supervisor.start()
 
     def _reserve_syncer_port(self) -> None:
         """Hold a port for the syncer: bound (SO_REUSEADDR) but never listening, so the
@@ -88,15 +101,39 @@ class LocalCluster(Cluster):
                                    self.warm_spares, self.registry)
 
     def _start_toxiproxy(self) -> None:
+        """Our Toxiproxy-compatible server in a process of its own, as the real one runs: the
+        controller is only its client. In the controller's process, a controller starved by
+        a loaded machine starved every link with it (no learner stepped for 150 s, and the
+        final heal could not reach the API); and the proxies' pumping threads took the GIL
+        from the controller's workers and its heartbeat."""
         if self.toxiproxy_url:
             self.toxiproxy = ToxiproxyClient(self.toxiproxy_url)
             self.toxiproxy.reset()
         else:
-            from ..toxiproxy import ToxiproxyServer
-            self._server = ToxiproxyServer(host="127.0.0.1", port=0)
-            self._server.start()
-            self.toxiproxy = ToxiproxyClient(self._server.url)
+            address_file = self.run_dir / "toxiproxy.addr"
+            address_file.unlink(missing_ok=True)
+            proc = self.procs[TOXIPROXY] = start_recorded(TOXIPROXY, [
+                sys.executable, "-m", "chaos.toxiproxy", "--host", "127.0.0.1", "--port", "0",
+                "--address-file", str(address_file), "--log-level", "WARNING"],
+                self.run_dir / "logs", self.env, self.registry)
+            url = str(self._wait_for_address(proc, address_file, TOXIPROXY)["url"])
+            if self.toxiproxy is None:
+                self.toxiproxy = ToxiproxyClient(url)
+            else:  # restarted: the client every nemesis holds follows it to its new API port
+                self.toxiproxy.url = url
         (self.run_dir / "toxiproxy.json").write_text(json.dumps({"url": self.toxiproxy.url}))
+
+    def _wait_for_address(self, proc: ManagedProcess, address_file: Path, what: str) -> dict:
+        """The address `proc` writes once it listens; raises, with its log's tail, if it exits first."""
+        deadline = time.monotonic() + START_TIMEOUT
+        while not address_file.exists():
+            if not proc.running():
+                raise RuntimeError(f"{what} exited with {proc.popen.returncode} before listening; the end of "
+                                   f"{proc.log}:\n{log_tail(proc.log)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} did not listen within {START_TIMEOUT:.0f}s; see {proc.log}")
+            time.sleep(0.05)
+        return json.loads(address_file.read_text())
 
     def _create_proxy(self, name: str) -> None:
         try:
@@ -111,9 +148,6 @@ class LocalCluster(Cluster):
                                                     self.spares)
         return proc
 
-    def _start_syncer(self) -> None:
-        self._wait_syncer_listening(self._spawn_syncer())
-
     def _spawn_syncer(self) -> ManagedProcess:
         address_file = self.run_dir / "syncer.json"
         address_file.unlink(missing_ok=True)
@@ -123,32 +157,25 @@ class LocalCluster(Cluster):
             "--port", str(self.syncer_port), *self.spec.syncer_flags()])
 
     def _wait_syncer_listening(self, proc: ManagedProcess) -> None:
-        address_file = self.run_dir / "syncer.json"
-        deadline = time.monotonic() + START_TIMEOUT
-        while not address_file.exists():
-            if not proc.running():
-                raise RuntimeError(f"syncer exited with {proc.popen.returncode} before listening; the end of "
-                                   f"{proc.log}:\n{log_tail(proc.log)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"syncer did not listen within {START_TIMEOUT:.0f}s; see {proc.log}")
-            time.sleep(0.05)
-        self.syncer_port = int(json.loads(address_file.read_text())["port"])
+        self.syncer_port = int(self._wait_for_address(proc, self.run_dir / "syncer.json", "syncer")["port"])
 
-    def _start_learner(self, i: int) -> None:
+    def _start_learner(self, i: int) -> ManagedProcess:
         port = self.proxy_ports[f"learner-{i}"]
-        self._spawn(f"learner-{i}", [
+        return self._spawn(f"learner-{i}", [
             sys.executable, "-m", "trainer", "learner", "--learner", str(i), "--connect", f"127.0.0.1:{port}",
             "--run-dir", str(self.run_dir), *self.spec.learner_flags(i)])
 
     def stop(self) -> None:
         """Heal the links, SIGTERM learners (they push what is left), then the syncer."""
+        if self.supervisor is not None:
+            self.supervisor.stop()  # nothing stopped from here on is restarted
         if self.toxiproxy is not None:
             for proxy in self.link_proxies():
                 try:
                     self.toxiproxy.clear(proxy)
                 except Exception:  # noqa: BLE001 - stopping must go on whatever the proxy says
                     pass
-        learners = [p for n, p in self.procs.items() if n != "syncer"]
+        learners = [p for n, p in self.procs.items() if n.startswith("learner-")]
         for proc in learners:
             proc.signal(signal.SIGCONT)
             proc.signal(signal.SIGTERM)
@@ -158,12 +185,14 @@ class LocalCluster(Cluster):
             self.procs["syncer"].terminate(STOP_TIMEOUT)
         if self.spares is not None:
             self.spares.close()
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        if TOXIPROXY in self.procs:
+            self.procs[TOXIPROXY].terminate(STOP_TIMEOUT)
         if self._port_reservation is not None:
             self._port_reservation.close()
             self._port_reservation = None
+        if self._supervisor_log is not None:
+            self._supervisor_log.close()
+            self._supervisor_log = None
         self.registry.close()
 
     # ----------------------------------------------------------- processes
@@ -185,7 +214,9 @@ class LocalCluster(Cluster):
             if pid is not None:
                 signal_pid(pid, signal.SIGKILL)  # the unit sees it and restarts all its ranks
             return
-        proc = self._proc(target)
+        with self._lock:
+            proc = self._proc(target)
+            self._held.add(target)  # down on purpose: the supervisor leaves it to the fault's stop
         if proc is not None:
             proc.kill()
 
@@ -207,15 +238,49 @@ class LocalCluster(Cluster):
 
     def restart(self, target: str) -> None:
         unit, rank = split_rank(self.check_target(target))
-        proc = self.procs.get(unit)
-        if proc is not None and proc.running():
+        with self._lock:
+            self._held.discard(unit)
+            proc = self.procs.get(unit)
+            spawned = None if proc is not None and proc.running() else self._spawn_unit(unit)
+        if spawned is None:
             if rank is not None:  # the unit restarts its ranks itself: wait for it
                 wait_for_rank(lambda: self.is_running(target), target)
             return
         if unit == "syncer":
-            self._start_syncer()
-        else:
-            self._start_learner(int(unit.split("-", 1)[1]))
+            self._wait_syncer_listening(spawned)
+
+    def _spawn_unit(self, unit: str) -> ManagedProcess:
+        """Start the syncer or a learner unit again (not waiting for the syncer to listen)."""
+        if unit == "syncer":
+            return self._spawn_syncer()
+        return self._start_learner(int(unit.split("-", 1)[1]))
+
+    # ----------------------------------------------------------- supervision (chaos/supervisor.py)
+    def supervised(self) -> list[str]:
+        return [*self.units(), *([TOXIPROXY] if TOXIPROXY in self.procs else [])]
+
+    def exit_code(self, name: str) -> int | None:
+        proc = self.procs.get(name)
+        return proc.exit_code() if proc is not None else None
+
+    def started_at(self, name: str) -> float | None:
+        proc = self.procs.get(name)
+        return proc.started_at if proc is not None else None
+
+    def held(self, name: str) -> bool:
+        return name in self._held
+
+    def respawn(self, name: str) -> None:
+        """Start `name` again after it exited on its own. The proxy server comes back with
+        every proxy at its old listen port (the learners dial those), but without the toxics
+        it held: the supervisor's `exit` event says so, and faults_applied fails the run."""
+        if name == TOXIPROXY:
+            self._start_toxiproxy()
+            self.toxiproxy.populate([{"name": n, "listen": f"127.0.0.1:{port}",
+                                      "upstream": f"127.0.0.1:{self.syncer_port}", "enabled": True}
+                                     for n, port in self.proxy_ports.items()])
+            return
+        self._spawn_unit(name)
 
     def is_running(self, target: str) -> bool:
         if split_rank(target)[1] is not None:

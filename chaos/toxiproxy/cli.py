@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import signal
 import sys
 import threading
 from typing import Sequence
 
+from trainer.atomic import atomic_write_json
 from trainer.signals import set_on_signal
 
 from .config import ConfigError
@@ -33,7 +35,10 @@ def build_parser(prog: str = "python -m chaos toxiproxy") -> argparse.ArgumentPa
     parser.add_argument("--seed", "-seed", type=int, default=None,
                         help="random seed for toxicity and jitter (default: random)")
     parser.add_argument("--log-level", default="INFO",
-                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level")
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="log level (default INFO)")
+    parser.add_argument("--address-file", default=None, metavar="FILE",
+                        help="once listening, write {\"url\", \"host\", \"port\", \"pid\"} to FILE atomically "
+                             "(with --port 0: how a launcher learns the port; default: none)")
     return parser
 
 
@@ -56,6 +61,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m chaos toxipro
         log.error("cannot listen on %s:%s: %s", args.host, args.port, exc)
         return 1
     print(f"toxiproxy listening on {server.url}", file=sys.stderr, flush=True)
+    if args.address_file:
+        atomic_write_json(args.address_file, {"url": server.url, "host": args.host, "port": server.port,
+                                              "pid": os.getpid()})
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():

@@ -111,7 +111,7 @@ def test_a_syncer_that_exits_at_start_is_quoted_in_the_error(tmp_path: Path, mon
     cluster = LocalCluster(tmp_path, learners=1, trainer_args=["--bogus-flag"])
     monkeypatch.setattr(cluster, "_spawn", lambda name, argv: _Exited(log))
     with pytest.raises(RuntimeError) as info:
-        cluster._start_syncer()
+        cluster.restart("syncer")
     message = str(info.value)
     assert message.startswith("syncer exited with 2 before listening")
     assert "unrecognized arguments: --bogus-flag" in message

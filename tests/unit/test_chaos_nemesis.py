@@ -55,7 +55,7 @@ def test_every_toxic_kind_is_served_by_the_generic_toxic_nemesis() -> None:
 
 
 def test_kind_facts_come_from_the_nemeses() -> None:
-    assert LEARNER_IMPAIRING == {"kill", "pause", "partition"}
+    assert LEARNER_IMPAIRING == {"kill", "pause", "partition", "exit"}  # exit: a process gone on its own
     assert KIND_COLORS == {
         "kill": "#d62728", "pause": "#ff7f0e", "partition": "#9467bd", "latency": "#1f77b4",
         "bandwidth": "#17becf", "reset_peer": "#8c564b", "slow_close": "#bcbd22", "slicer": "#e377c2",

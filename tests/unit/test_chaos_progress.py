@@ -67,7 +67,11 @@ def test_training_faults_heals_and_the_end_are_said_once_each(tmp_path: Path) ->
     assert lines[2].endswith("schedule done (1 error(s)); stopping the cluster and checking the run")
     assert progress.poll() == []
     clock.now = 200.0
-    assert progress.poll() == [], "no heartbeat once the schedule is done: the cluster is stopping"
+    assert progress.poll() == ["chaos: t= 92.5 s  stopping the cluster and checking the run"], \
+        "the heartbeat goes on once the schedule is done, saying what the run does"
+    progress.set_phase("running the fault-free reference")
+    clock.now = 215.0
+    assert progress.poll() == ["chaos: t=107.5 s  running the fault-free reference (15 s so far)"]
 
 
 def test_a_heartbeat_after_quiet_names_version_loss_and_who_steps(tmp_path: Path) -> None:
