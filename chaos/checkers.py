@@ -105,7 +105,9 @@ class RunView:
         return faults + exits
 
     def progress_times(self) -> list[float]:
-        return [e["t"] for e in self.events if e["kind"] in ("merge", "sync_step")]
+        """When the global model moved: every sync round, every merge that changed Θ (a merge
+        event with `moved` 0 merged nothing, whatever it lists: a lost outer step)."""
+        return [e["t"] for e in self.events if e["kind"] == "sync_step" or (e["kind"] == "merge" and _moved(e))]
 
     def learners(self) -> list[int]:
         return sorted({e["learner"] for e in self.events if e.get("learner") is not None
@@ -160,6 +162,15 @@ class RunView:
         parts = {"restart": p.restart(kind, role), "reconnect": p.reconnect(kind), "late_wait": p.late_wait,
                  "rounds": HEAL_ROUNDS * p.round_period}
         return sum(parts.values()), {k: round(v, 3) for k, v in parts.items()}
+
+
+def _moved(merge: dict) -> bool:
+    """Whether a merge changed Θ (events from before `moved` was recorded count as moving)."""
+    moved = merge.get("moved", 1.0)
+    try:
+        return float(moved) > 0  # NaN and Inf arrive as strings; NaN > 0 is False, Inf moved
+    except (TypeError, ValueError):
+        return False
 
 
 def _unit(target: str) -> str:
@@ -255,6 +266,10 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
     Explicit numbers replace either."""
     times = view.progress_times()
     if not times:
+        merges = sum(1 for e in view.events if e["kind"] == "merge")
+        if merges:
+            return Verdict("progress", FAIL, f"{merges} merge(s) happened, and not one moved Θ: nothing was merged",
+                           {"merges": merges})
         return Verdict("progress", FAIL, "no merge or sync step happened at all")
     pace = view.pace
     allowance = {"late_wait": round(pace.late_wait, 3), "heartbeat_timeout": pace.heartbeat_timeout,
@@ -299,7 +314,7 @@ def _contributions(view: RunView) -> dict[int, list[tuple[float, float]]]:
     accepted = {e["id"]: e["t"] for e in view.events if e["kind"] == "push_accepted" and "id" in e}
     out: dict[int, list[tuple[float, float]]] = {}
     for e in view.events:
-        if e["kind"] == "merge":
+        if e["kind"] == "merge" and _moved(e):  # one that moved nothing merged no one's work
             for c in e["contributors"]:
                 out.setdefault(c["learner"], []).append((e["t"], accepted.get(c.get("id"), e["t"])))
         elif e["kind"] == "sync_step":
@@ -399,14 +414,16 @@ def check_every_learner_contributes_at_end(view: RunView, within: float | None =
         within = view.heal_allowance(last)[0]
     contributions = _contributions(view)
     missing = [i for i in view.learners() if _first_contribution_since(contributions.get(i, []), since) is None]
+    unmoved = sum(1 for e in view.events if e["kind"] == "merge" and e["t"] >= since and not _moved(e))
     evidence = {"since": view.rel(since), "learners": view.learners(), "missing": missing,
-                "within": round(within, 2), "pace": view.pace.to_dict()}
+                "within": round(within, 2), "pace": view.pace.to_dict(), "merges_that_moved_nothing": unmoved}
     if missing and view.end - since < within:
         return Verdict("rejoined", UNKNOWN, f"learner(s) {missing} not back yet, {view.end - since:.1f}s after the "
                                             f"last fault ended (less than the {within:.1f}s allowed)", evidence)
     if missing:
+        nothing = f"; {unmoved} merge(s) listed their pushes but moved Θ by nothing" if unmoved else ""
         return Verdict("rejoined", FAIL, f"learner(s) {missing} never contributed in the {view.end - since:.1f}s "
-                                         f"after the faults (allowed {within:.1f}s)", evidence)
+                                         f"after the faults (allowed {within:.1f}s){nothing}", evidence)
     return Verdict("rejoined", PASS, "every learner contributed after the last fault", evidence)
 
 
@@ -636,6 +653,14 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float | N
     merges = [e for e in view.events if e["kind"] == "merge"]
     if not merges:
         return Verdict("converged", UNKNOWN, "no merges (sync mode, or nothing was merged)")
+    missed = missed_adoptions(view)
+    if missed:
+        first = missed[0]
+        return Verdict("converged", FAIL, f"{len(missed)} adoption(s) did not bring the learner onto the global "
+                                          f"version: learner-{first['learner']} fragment {first['fragment']} "
+                                          f"v{first['version']} was {first['drift_after']:.4f} from it after adopting "
+                                          f"(relative L2), where {first['rule']} puts it at "
+                                          f"{first['expected_drift']:.4f}", {"missed_adoptions": missed[:20]})
     pace = view.pace
     given = max_behind is not None
     if max_behind is None:
@@ -687,6 +712,35 @@ def check_converged(view: RunView, tolerance: float = 0.5, max_behind: float | N
                                       f"last adopted; {stale}", evidence)
 
 
+# How far a learner may be from where its adoption rule puts it, relative to ||Θ_f||: float
+# rounding of `θ + (Θ − ref)` is ~1e-7 of it; a missed adoption is the learner's whole
+# drift from Θ, 1e-2 and more within a round.
+ADOPTION_SLACK = 1e-4
+
+
+def missed_adoptions(view: RunView) -> list[dict]:
+    """The `apply` events after which the learner was not where its rule puts it: mix keeps
+    α of its distance from Θ, rebase the steps since its push. Each learner measures this on
+    its parameters after the update (trainer/learner.py), so an update that never reached
+    the model (a copy into a detached tensor, a skipped step) shows, whatever the versions
+    say; a learner that adopts nothing would otherwise pass as long as its own drift stayed
+    under the tolerance."""
+    out = []
+    for e in view.events:
+        if e["kind"] != "apply" or e.get("fragment") is None or "drift_after" not in e:
+            continue
+        try:
+            after, expected = float(e["drift_after"]), float(e.get("expected_drift") or 0.0)
+        except (TypeError, ValueError):
+            continue
+        if not after <= expected + ADOPTION_SLACK:
+            rule = "rebase" if e.get("adopt") == "rebase" else f"mix with alpha {e.get('alpha', 0)}"
+            out.append({"learner": e.get("learner"), "incarnation": e.get("incarnation"), "fragment": e["fragment"],
+                        "version": e.get("version"), "at": view.rel(e["t"]), "drift_after": after,
+                        "expected_drift": expected, "rule": rule})
+    return out
+
+
 def final_tokens(view: RunView) -> float:
     """Tokens merged into the final Θ: the syncer's last `global_eval` (durable across its
     restarts), else the sum over merge events (trainer.metrics)."""
@@ -698,21 +752,37 @@ def final_tokens(view: RunView) -> float:
     return merged_tokens(view.events)
 
 
-def _untrained_loss(view: RunView) -> float | None:
-    """Θ₀'s held-out loss: the syncer's first `global_eval`, scored as it starts."""
-    starts = [e for e in view.events if e["kind"] == "global_eval" and e.get("reason") == "start"
-              and isinstance(e.get("loss"), float)]
-    return min(starts, key=lambda e: e["t"])["loss"] if starts else None
+def learning_margin(view: RunView) -> float:
+    """How far below the untrained model's loss a model must end to have learned anything:
+    REFERENCE_MARGIN in this task's units (0.25 nats per byte for the built-in task, else
+    scaled by the untrained loss over ln 256: chaos/divergence.py's loss_scale)."""
+    from .divergence import loss_scale
+    return round(REFERENCE_MARGIN * loss_scale(view.events)[0], 6)
+
+
+def untrained(view: RunView) -> tuple[float | None, str]:
+    """Θ₀'s held-out loss (the syncer's version-0 `global_eval`), else ln(vocab_size)."""
+    from .divergence import samples, untrained_loss
+    return untrained_loss(samples(view.events), view.events)
 
 
 def check_final_loss(view: RunView, threshold: float | None = None,
                      reference: float | ReferenceCurve | None = None, margin: float | None = None) -> Verdict:
-    """The held-out loss of the final global parameters is within `margin` of a fault-free
-    reference run of the same configuration at the same number of merged tokens (the best
-    its `global_eval` curve had reached by then; chaos/reference.py), and below the unigram
-    entropy, a sanity floor that a model which learned anything beats. Without a usable
-    reference: below `threshold` (default: the unigram entropy − 0.3, i.e. clearly
-    learned). A plain number as `reference` is compared as it is.
+    """The final global parameters learned, and learned enough.
+
+    Learned: their held-out loss is below the untrained model's (Θ₀'s, which the syncer
+    scores as it starts) by at least `learning_margin` (REFERENCE_MARGIN in the task's
+    units). A model that learned nothing fails here whatever it is compared with: a task
+    whose inner optimizer had lr 0 ended at its untrained 1.6570, and `<=` let it pass.
+
+    Enough: within `margin` of a fault-free reference run of the same configuration at the
+    same number of merged tokens (the best its `global_eval` curve had reached by then;
+    chaos/reference.py), and below the unigram entropy, a sanity floor that a model which
+    learned anything beats. A reference counts only if it learned by the same rule (it
+    shares the run's untrained model): one that did not would excuse a run that did not
+    either. Without a usable reference: below `threshold` (default: the unigram entropy −
+    0.3, i.e. clearly learned), else the learning rule alone. A plain number as
+    `reference` is compared as it is.
 
     REFERENCE_MARGIN is the spread of fault-free runs of one configuration at equal tokens
     (README, "Checks"); a faulted run that merged the same tokens may end that much higher."""
@@ -721,15 +791,34 @@ def check_final_loss(view: RunView, threshold: float | None = None,
         return Verdict("final_loss", UNKNOWN, "no evaluation of the final parameters")
     e = evals[-1]
     loss = e["final_loss"]
+    learn = learning_margin(view)
     if margin is None:  # in this task's units (0.25 nats per byte for the built-in task)
-        from .divergence import loss_scale
-        margin = round(REFERENCE_MARGIN * loss_scale(view.events)[0], 6)
+        margin = learn
     unigram = e.get("unigram_entropy")
-    evidence: dict = {"final_loss": loss, "loss_floor": e.get("loss_floor"), "unigram_entropy": unigram}
+    start, start_source = untrained(view)
+    evidence: dict = {"final_loss": loss, "loss_floor": e.get("loss_floor"), "unigram_entropy": unigram,
+                      "untrained_loss": start, "untrained_from": start_source, "learning_margin": learn}
+    if start is None and unigram is None and not isinstance(reference, (int, float, ReferenceCurve)) \
+            and threshold is None:
+        return Verdict("final_loss", UNKNOWN, "no score of the untrained model, no unigram entropy and no "
+                                              "fault-free reference to compare with", evidence)
     curve = reference if isinstance(reference, ReferenceCurve) else None
     if curve is not None and curve.unusable:
         evidence["reference_refused"] = {**curve.describe(), "why": f"the reference run itself failed {curve.unusable}"}
         curve = None
+    if curve is not None and start is not None and curve.points:
+        best = curve.best_by(curve.final_tokens)
+        if not best <= start - learn:
+            evidence["reference_refused"] = {**curve.describe(), "why": f"the reference learned nothing: its best "
+                                             f"{best:.4f} is not below the untrained {start:.4f} by {learn:.4g}"}
+            curve = None
+    if start is not None:
+        learned_below = round(start - learn, 6)
+        evidence["learned_below"] = learned_below
+        if not (isinstance(loss, float) and loss <= learned_below):
+            return Verdict("final_loss", FAIL, f"the model learned nothing: final loss {loss} is not below the "
+                                               f"untrained model's {start:.4f} by the learning margin {learn:.4g} "
+                                               f"(at most {learned_below:.4f}; {start_source})", evidence)
     if curve is not None:
         tokens = final_tokens(view)
         at = curve.best_by(tokens)
@@ -743,12 +832,9 @@ def check_final_loss(view: RunView, threshold: float | None = None,
         limit, rule = threshold, f"threshold {threshold:.4f}"
     elif unigram is not None:
         limit, rule = unigram - 0.3, f"unigram entropy {unigram:.4f} − 0.3 (no fault-free reference)"
-    else:  # a user's task says nothing of its data: it must at least beat its untrained model
-        start = _untrained_loss(view)
-        if start is None:
-            return Verdict("final_loss", UNKNOWN, "no fault-free reference, no unigram entropy and no score of the "
-                                                  "untrained model to compare with", evidence)
-        limit, rule = start, f"the untrained model's {start:.4f} (no fault-free reference)"
+    else:  # a user's task says nothing of its data: learning is what can be shown
+        refused = " (the reference was refused)" if "reference_refused" in evidence else " (no fault-free reference)"
+        limit, rule = learned_below, f"the untrained model's {start:.4f} − the learning margin {learn}{refused}"
     evidence.update(limit=limit, rule=rule)
     if not (isinstance(loss, float) and loss <= limit):
         return Verdict("final_loss", FAIL, f"final loss {loss} above {rule}", evidence)

@@ -192,7 +192,9 @@ def check_no_divergence(view: RunView, rise: float = RISE, sustain_versions: int
                         reference: ReferenceCurve | None = None) -> Verdict:
     """Θ's held-out loss never gets worse than the untrained model's, never stays more than
     `rise` nats above its best so far (or the reference at the same tokens) for
-    `sustain_versions` versions per fragment, and does not end that high (module docstring)."""
+    `sustain_versions` versions per fragment, and does not end that high (module docstring).
+    Unknown when Θ was never sampled after a merge, or never improved on the untrained
+    model by the learning margin: a frozen Θ never diverges, and must not pass for it."""
     from .checkers import FAIL, PASS, UNKNOWN, Verdict
 
     found = samples(view.events)
@@ -246,6 +248,18 @@ def check_no_divergence(view: RunView, rise: float = RISE, sustain_versions: int
                        f"Θ's held-out loss diverged: {worst['rule'].replace('_', ' ')} at version "
                        f"{worst['sample']['version']} (loss {worst['sample']['loss']}, limit {worst['limit']}: "
                        f"{worst['why']})", {**curve, "findings": findings[:10]})
+    from .checkers import learning_margin
+    merged = [s for s in found if s.version > 0]
+    if not merged:
+        return Verdict("no_divergence", UNKNOWN, "Θ was never sampled after a merge (nothing was merged, or the "
+                                                 "sampler never ran): nothing shows it stays away from divergence",
+                       curve)
+    margin = learning_margin(view)
+    if untrained is not None and best is not None and not best.loss <= untrained - margin:
+        return Verdict("no_divergence", UNKNOWN, f"Θ never improved on the untrained model (best {best.loss:.4f} "
+                                                 f"against {untrained:.4f}, by less than the learning margin "
+                                                 f"{margin:.4g}): a frozen Θ shows nothing about divergence; "
+                                                 f"final_loss judges whether it learned", curve)
     b = curve["best"]
     spikes = curve["worse_than_untrained"]
     transient = (f"; {len(spikes)} lone overshoot(s) above the untrained loss, recovered at the next merge "

@@ -37,7 +37,7 @@ from .processes import islands_home
 REFERENCE_DIR = "references"
 MODES = ("auto", "off")  # auto: use the cached reference, run it when missing
 # Environment that would make the reference something other than fault-free.
-NOT_INHERITED = ("ISLANDS_SYNCER_DEFECT",)
+NOT_INHERITED = ("ISLANDS_SYNCER_DEFECT", "ISLANDS_LEARNER_DEFECT")
 # Durations are rounded up to this grid, so runs of a suite whose durations differ by a
 # few seconds share one reference.
 DURATION_GRID = 30.0

@@ -1,19 +1,27 @@
-"""Deliberate syncer defects, for proving that the chaos suite catches real bugs.
+"""Deliberate defects, for proving that the chaos suite's checks catch real bugs.
 
-Off unless the environment variable ISLANDS_SYNCER_DEFECT names one. A syncer running
-with a defect says so in its `process_start` event, so no run can pass one off as sound.
+Off unless an environment variable names one: ISLANDS_SYNCER_DEFECT for the syncer,
+ISLANDS_LEARNER_DEFECT for the learners. A process running with a defect says so in its
+`process_start` event, so no run can pass one off as sound.
 """
 from __future__ import annotations
 
 import os
 
 ENV = "ISLANDS_SYNCER_DEFECT"
+LEARNER_ENV = "ISLANDS_LEARNER_DEFECT"
 DEFECTS = {
     "ack_before_durable": "acknowledges pushes on arrival and makes them and merges durable "
                           "only every 10 s from its start (a batched fsync): a SIGKILL loses "
                           "acknowledged pushes",
     "double_apply": "never consults the ledger: a retried (learner, incarnation, seq) is accepted "
                     "and merged again",
+    "merge_nothing": "merges as usual (versions, ledgers, events) but leaves the global parameters "
+                     "as they were: the outer step is lost, so nothing the learners do is ever merged",
+}
+LEARNER_DEFECTS = {
+    "never_adopt": "adopts every merged version in its bookkeeping (versions, apply events) but never "
+                   "copies the global parameters into its model: it trains on alone",
 }
 # Long enough that any SIGKILL after the first acknowledgement finds some not yet durable:
 # with a 2 s period (and a flush at the first merge) a kill lost acks about half the time,
@@ -21,10 +29,20 @@ DEFECTS = {
 FLUSH_EVERY = 10.0
 
 
-def active() -> str | None:
-    name = os.environ.get(ENV, "").strip()
+def _named(env: str, known: dict[str, str]) -> str | None:
+    name = os.environ.get(env, "").strip()
     if not name:
         return None
-    if name not in DEFECTS:
-        raise ValueError(f"${ENV}: unknown defect {name!r} (known: {', '.join(DEFECTS)})")
+    if name not in known:
+        raise ValueError(f"${env}: unknown defect {name!r} (known: {', '.join(known)})")
     return name
+
+
+def active() -> str | None:
+    """The syncer's defect, if $ISLANDS_SYNCER_DEFECT names one."""
+    return _named(ENV, DEFECTS)
+
+
+def learner_active() -> str | None:
+    """The learners' defect, if $ISLANDS_LEARNER_DEFECT names one."""
+    return _named(LEARNER_ENV, LEARNER_DEFECTS)

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import wire
+from . import defects, wire
 from .codec import decode, encode
 from .served import DELTA_ENCODINGS, apply_steps
 from .config import TrainConfig
@@ -151,6 +151,7 @@ class Learner:
         self.step_tokens = 0  # the unit's tokens in its last inner step: a round's weight at the syncer
         self.task: CheckedTask | None = None
         self.facts: dict = {}
+        self.defect = defects.learner_active()  # a deliberate bug, for proving the checks (trainer/defects.py)
 
     # ----------------------------------------------------------------- setup
     def _welcome(self) -> wire.Frame:
@@ -221,7 +222,7 @@ class Learner:
         if not self.group.leader:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
-        self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode,
+        self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode, defect=self.defect,
                          versions=self.adopted_versions, task=self.cfg.task, corpus=self.facts.get("data"),
                          loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
                          **fields)
@@ -410,20 +411,26 @@ class Learner:
         version, tensors = item
         tensors = {n: t.to(self.device) for n, t in tensors.items()}
         alpha = self.cfg.alpha
+        names = self.fragment_names[f]
+        # Where the rule puts θ relative to Θ, from the state before it acts: mix keeps α of
+        # θ − Θ, rebase the steps made since the last push (θ − ref).
+        expected = _distance(self.params, refs[f], names) if self.cfg.adopt == "rebase" \
+            else alpha * _distance(self.params, tensors, names)
+        skip = self.defect == "never_adopt"
         if self.cfg.adopt == "rebase":
             # θ ← Θ + (θ − ref): the steps made since the last push (ref) ride on the new
             # global version, and the next push, measured from Θ, carries them and their tokens.
             with torch.no_grad():
-                for name in self.fragment_names[f]:
+                for name in names if not skip else ():
                     self.params[name].add_(tensors[name] - refs[f][name])
-                refs[f] = {n: tensors[n].detach().clone() for n in self.fragment_names[f]}
+                refs[f] = {n: tensors[n].detach().clone() for n in names}
             discarded = 0
         else:
             with torch.no_grad():
-                for name in self.fragment_names[f]:
+                for name in names if not skip else ():
                     p = self.params[name]
                     p.mul_(alpha).add_(tensors[name], alpha=1.0 - alpha)
-                refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+                refs[f] = {n: self.params[n].detach().clone() for n in names}
             # Progress not yet pushed survives only in proportion α; its tokens are weighed alike.
             discarded = tokens_since[f] - int(alpha * tokens_since[f])
             tokens_since[f] = int(alpha * tokens_since[f])
@@ -432,8 +439,14 @@ class Learner:
             self.adopted_versions[f] = version
             self._release_answered(f)
             self.globals[f] = tensors  # with the version: a delta pull reads both together
+        # Measured on the parameters as they now are: an adoption that did not reach the
+        # model (a copy into a detached tensor, a skipped update) shows here, and the
+        # `converged` check fails on it.
+        norm = _norm(tensors, names)
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
-                         incarnation=self.incarnation, discarded_tokens=discarded)
+                         incarnation=self.incarnation, discarded_tokens=discarded,
+                         drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
+                         expected_drift=round(expected / norm, 7) if norm else 0.0)
         return True
 
     def _report_final_params(self) -> None:
@@ -651,6 +664,17 @@ class Learner:
                 pass
             finally:
                 self.link.lock.release()
+
+
+def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
+    """The L2 distance between two sets of a fragment's tensors."""
+    with torch.no_grad():
+        return sum(float((a[n].detach() - b[n].detach()).pow(2).sum()) for n in names) ** 0.5
+
+
+def _norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
+    with torch.no_grad():
+        return sum(float(tensors[n].pow(2).sum()) for n in names) ** 0.5
 
 
 def warm_up_torch(threads: int, device: torch.device = torch.device("cpu")) -> None:

@@ -1085,6 +1085,11 @@ class Syncer:
         contribs = [p.contribution for p in taken]
         expected, staleness, raw, factors, weights = step.expected, step.staleness, step.raw, step.factors, step.weights
         params, momentum, accum, accum_count, outer = step.params, step.momentum, step.accum, step.accum_count, step.outer
+        if self.defect == "merge_nothing":  # the outer step is lost; everything else goes on as usual
+            params = {n: t.clone() for n, t in frag.params.items()}
+        # How far Θ_f really moved, measured on the tensors committed: a merge that moved
+        # nothing has merged nothing, whatever its contributors (progress, rejoined).
+        moved = _relative_change(frag.params, params)
         policy = self.cfg.staleness_policy
         finite = True
         applied = frag.applied + [c.ident for c in contribs]
@@ -1140,7 +1145,7 @@ class Syncer:
                            "staleness": s, "raw_weight": round(r, 4), "discount": round(f, 4),
                            "weight": round(w, 4), "steps": c.steps}
                           for c, s, r, f, w in zip(contribs, staleness, raw, factors, weights)],
-            tokens=sum(c.tokens for c in contribs), expected_tokens=expected,
+            tokens=sum(c.tokens for c in contribs), expected_tokens=expected, moved=moved,
             fragment_share=frag.spec.numel / sum(s.numel for s in self.specs),
             finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))
         self.events.emit("state_write", what=f"fragment-{frag.spec.index}", bytes=nbytes,
@@ -1148,6 +1153,16 @@ class Syncer:
         if self.evaluator is not None:
             self.evaluator.note_merge()
         self.cond.notify_all()
+
+
+def _relative_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
+    """||after − before|| / ||before|| over a fragment's tensors (||after − before|| when
+    `before` is all zero); 7 significant decimals, so that a real step never rounds to 0."""
+    with torch.no_grad():
+        diff = sum(float((after[n] - before[n]).double().pow(2).sum()) for n in before) ** 0.5
+        norm = sum(float(before[n].double().pow(2).sum()) for n in before) ** 0.5
+    value = diff / norm if norm > 0 else diff
+    return float(f"{value:.7g}") if value == value else value
 
 
 def _peer_closed(sock: socket.socket) -> bool:

@@ -1081,6 +1081,87 @@ def test_final_loss_fails_on_a_nan_loss():
     assert "nan" in verdict.detail
 
 
+def task_run(final: float, start: float = 1.657) -> list[dict]:
+    """A user's task (no unigram entropy): the syncer scored Θ₀ at `start`, and the
+    evaluator the final Θ at `final`."""
+    return [ev(0.0, "process_start", process="syncer", role="syncer", config={"task": "conv.py:task"}),
+            global_eval(0.5, 0, start, tokens=0.0, reason="start"),
+            global_eval(9.0, 9, final, tokens=90000.0),
+            ev(10.0, "eval", process="evaluator", final_loss=final, data="markov")]
+
+
+def frozen(events: list[dict]) -> list[dict]:
+    """The same run with a syncer that merges nothing (ISLANDS_SYNCER_DEFECT=merge_nothing):
+    every merge event as before, each measured to have moved Θ by 0."""
+    return [{**e, "moved": 0.0} if e["kind"] == "merge" else e for e in events]
+
+
+def test_progress_and_rejoined_fail_a_syncer_that_merges_nothing():
+    """Versions advance and every learner is listed as merged, but Θ never moves: progress
+    fails (no merge moved Θ), and rejoined and self_heal find no learner back, saying that
+    the merges moved nothing. The same run with its merges moving passes both."""
+    faults = [kill("learner-1", 20.0, 10.0)]
+    events = training(80.0, absent={1: [(20.0, 32.0)]})
+    history = history_for(faults, duration=80.0)
+    assert check_progress(view(events, history)).status == PASS
+    assert check_every_learner_contributes_at_end(view(events, history)).status == PASS
+    progress = check_progress(view(frozen(events), history))
+    assert progress.status == FAIL and "not one moved Θ" in progress.detail
+    rejoined = check_every_learner_contributes_at_end(view(frozen(events), history))
+    assert rejoined.status == FAIL and "moved Θ by nothing" in rejoined.detail
+    assert check_self_heal(view(frozen(events), history)).status == FAIL
+
+
+def test_converged_fails_a_learner_that_never_adopts():
+    """A learner that records each adoption (versions, apply events) but never copies Θ into
+    its model (ISLANDS_LEARNER_DEFECT=never_adopt) is as far from Θ after adopting as before;
+    its rule (mix, alpha 0) puts it on Θ. Its final drift (0.3) is under the 0.5 tolerance,
+    so only the adoptions show it."""
+    events = training(40.0)
+    latest = latest_versions(events, 41.0)
+    events += [final_params(41.0, i, [(f, v, 0.3 if i == 2 else 0.02) for f, v in sorted(latest.items())])
+               for i in (1, 2, 3)]
+    events += [{**apply(m["t"] + 0.05, c["learner"], m["fragment"], m["version"]), "adopt": "mix"}
+               for m in [e for e in events if e["kind"] == "merge"] for c in m["contributors"]]
+    events.sort(key=lambda e: e["t"])
+    honest = [{**e, "drift_after": 0.0, "expected_drift": 0.0} if e["kind"] == "apply" else e for e in events]
+    missed = [{**e, "drift_after": 0.3, "expected_drift": 0.0}
+              if e["kind"] == "apply" and e["learner"] == 2 else e for e in honest]
+    assert check_converged(view(honest)).status == PASS
+    verdict = check_converged(view(missed))
+    assert verdict.status == FAIL, verdict.detail
+    assert "did not bring the learner onto the global version: learner-2" in verdict.detail
+    assert {m["learner"] for m in verdict.evidence["missed_adoptions"]} == {2}
+
+
+def test_final_loss_fails_a_model_that_learned_nothing():
+    """Issue 26, finding 2: a task whose inner optimizer is SGD with lr 0 ended at its
+    untrained 1.6570 and passed `final loss 1.6570 <= 1.6570`. It must beat the untrained
+    model by the learning margin (0.25 nats/byte scaled by 1.657 / ln 256: 0.0747)."""
+    verdict = check_final_loss(view(task_run(1.657)))
+    assert verdict.status == FAIL, verdict.detail
+    assert "learned nothing" in verdict.detail and "1.6570" in verdict.detail
+    assert verdict.evidence["learning_margin"] == pytest.approx(0.25 * 1.657 / math.log(256), abs=1e-6)
+    assert check_final_loss(view(task_run(1.657 - 0.07))).status == FAIL  # short of the margin
+    passing = check_final_loss(view(task_run(1.2)))
+    assert passing.status == PASS and "learning margin" in passing.evidence["rule"]
+
+
+def test_final_loss_fails_a_model_that_learned_nothing_against_a_reference_that_did_not_either():
+    """The fault-free reference of the same configuration does not learn either: it is
+    refused (a reference counts only if it learned by the same rule), and the run fails."""
+    from chaos.reference import ReferenceCurve
+
+    frozen = ReferenceCurve("k", ((0.0, 1.657), (90000.0, 1.657)))
+    verdict = check_final_loss(view(task_run(1.657)), reference=frozen)
+    assert verdict.status == FAIL and "learned nothing" in verdict.detail
+    learned = check_final_loss(view(task_run(1.0)), reference=frozen)
+    assert learned.status == PASS
+    assert "the reference learned nothing" in learned.evidence["reference_refused"]["why"]
+    good = ReferenceCurve("k", ((0.0, 1.657), (90000.0, 0.9)))
+    assert check_final_loss(view(task_run(1.657)), reference=good).status == FAIL  # learning comes first
+
+
 # --------------------------------------------------------------------------- run_checkers / verdict_document
 
 

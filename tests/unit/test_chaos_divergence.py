@@ -220,3 +220,14 @@ def test_a_users_task_is_judged_in_its_own_units_the_built_in_one_in_nats():
     assert verdict_of(run("/x.py:task", 1.6)).status == PASS
     assert verdict_of(run("gpt", 1.6)).status == FAIL
     assert verdict_of(run("/x.py:task", 2.6)).status == FAIL
+
+
+def test_a_frozen_theta_is_unknown_not_a_pass():
+    """A Θ that never moves (a syncer that merges nothing, a task that cannot learn) never
+    diverges, and no_divergence must not pass it: unknown, saying why."""
+    from chaos.checkers import UNKNOWN
+    events = [global_eval(0.0, 0, 5.5, reason="start")] + [global_eval(float(v), v, 5.5) for v in range(1, 30)]
+    verdict = check_no_divergence(view(events))
+    assert verdict.status == UNKNOWN and "never improved on the untrained model" in verdict.detail
+    only_start = check_no_divergence(view([global_eval(0.0, 0, 5.5, reason="start")]))
+    assert only_start.status == UNKNOWN and "never sampled after a merge" in only_start.detail
