@@ -29,6 +29,9 @@ def print_verdicts(result) -> None:
     if "goodput" in s:
         print(f"  goodput {s['goodput']:.1%}, {s['merges']} merges / {s['sync_rounds']} sync rounds, "
               f"{s['tokens_processed']} tokens, recent training loss {s['train_loss_recent']}")
+        from trainer.fates import fates_lines
+        for line in fates_lines(s):
+            print(f"  {line}")
     if s.get("final_loss") is not None:
         facts = [f"{k.replace('_', ' ')} {s[k]:.4f}" for k in ("unigram_entropy", "loss_floor")
                  if isinstance(s.get(k), float)]

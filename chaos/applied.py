@@ -129,12 +129,12 @@ class Timing:
     index: int
     kind: str
     targets: tuple[str, ...]
-    planned: tuple[float, float | None]      # (at, at + duration); None: a kill left down
+    planned: tuple[float, float | None]      # (at, at + duration), shifted by any wait; None: a kill left down
     in_force: tuple[float, float | None]     # surely in force from, until (None: until the final heal)
     start_late: float                        # in force this long after planned (its start's wait and work)
     stop_late: float | None                  # its stop issued this long after planned
     shortfall: float | None                  # planned duration − the time in force (negative: longer)
-    waited_for: dict | None = None           # the fault on the same thing it had to wait for
+    waited_for: dict | None = None           # the fault on the same thing it had to wait for (and the shift)
     problems: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
@@ -166,7 +166,10 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
         if h.get("event") != "start" or not h.get("ok") or "at" not in h:
             continue
         fault = h.get("fault") or {}
-        at = float(fault.get("at", h.get("planned", 0.0)))
+        # A fault that had to wait for the one before it on the same target (still restarting,
+        # say) is shifted by that wait, whole: it is judged from when its target was free.
+        shift = float((h.get("waited_for") or {}).get("shifted_by") or 0.0)
+        at = float(fault.get("at", h.get("planned", 0.0))) + shift
         duration = float(fault.get("duration", 0.0))
         down = h.get("kind") == "kill" and fault.get("restart", True) is False
         planned_end = None if down else at + duration
@@ -203,6 +206,7 @@ def summarize_timing(found: list[Timing]) -> dict:
     if not found:
         return {}
     shortfalls = [t.shortfall for t in found if t.shortfall is not None]
-    return {"worst_start_late": round(max(t.start_late for t in found), 3),
+    return {"shifted": [t.index for t in found if t.waited_for and t.waited_for.get("shifted_by")],
+            "worst_start_late": round(max(t.start_late for t in found), 3),
             "median_start_late": round(statistics.median(t.start_late for t in found), 3),
             "worst_shortfall": round(max(shortfalls), 3) if shortfalls else None}

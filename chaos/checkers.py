@@ -252,8 +252,11 @@ def check_faults_applied(view: RunView, tolerance: float | None = None) -> Verdi
     deviation = (f"; in force at most {worst:.3f} s late" + (f" and {max(shortfall, 0.0):.3f} s short"
                                                              if shortfall is not None else "")
                  + f" (tolerance {tolerance:g} s)") if worst is not None else ""
-    return Verdict("faults_applied", PASS, f"{len(started)} fault(s) applied and healed without error{deviation}",
-                   evidence)
+    shifted = evidence.get("shifted") or []
+    later = (f"; faults {shifted} shifted whole past the fault before them on the same target, which still held "
+             f"it" if shifted else "")
+    return Verdict("faults_applied", PASS, f"{len(started)} fault(s) applied and healed without error{deviation}"
+                   f"{later}", evidence)
 
 
 def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
@@ -366,7 +369,8 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
             deadline, extended_by = w.stop + base, []
             for other in windows:
                 later = other.start > w.stop and other.start <= deadline
-                ongoing = other is not w and other.start <= w.stop < other.stop
+                # Still holding the learner, or its recovery is (a unit's cold restart outlasts a pause after it).
+                ongoing = other is not w and other.start <= w.stop < other.stop + view.recovery(other)
                 if (later or ongoing) and _hits(other, learner):
                     deadline = max(deadline, other.stop + allowance(other))
                     extended_by.append(other.index)
@@ -411,7 +415,10 @@ def check_every_learner_contributes_at_end(view: RunView, within: float | None =
     last = max(windows, key=lambda w: w.stop, default=None)
     since = last.stop if last is not None else view.t0
     if within is None:
-        within = view.heal_allowance(last)[0]
+        # The latest any fault's recovery may end: a kill's cold restart may outlast a later,
+        # shorter fault on the same learner.
+        within = max([view.heal_allowance(last)[0]] + [w.stop + view.heal_allowance(w)[0] - since for w in windows
+                                                        if w.kind in LEARNER_IMPAIRING])
     contributions = _contributions(view)
     missing = [i for i in view.learners() if _first_contribution_since(contributions.get(i, []), since) is None]
     unmoved = sum(1 for e in view.events if e["kind"] == "merge" and e["t"] >= since and not _moved(e))

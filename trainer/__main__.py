@@ -238,7 +238,10 @@ def print_summary(s: dict, out: Path) -> None:
         *((("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
            ("unigram entropy", round(s["unigram_entropy"], 4))) if "unigram_entropy" in s else ()),
         ("recent training loss", s.get("train_loss_recent")),
-        ("goodput", f"{s['goodput']:.1%}" if s.get("goodput") is not None else None),
+        ("goodput", f"{s['goodput']:.1%} of the time the learners could compute"
+                    + (f" ({s['goodput_solo']:.1%} of their solo rate all run)"
+                       if s.get("goodput_solo") is not None and s["goodput_solo"] < s["goodput"] - 0.005 else "")
+         if s.get("goodput") is not None else None),
         ("tokens processed / merged", f"{s.get('tokens_processed')} / {int(s.get('tokens_merged', 0))}"),
         ("merges / sync rounds", f"{s.get('merges')} / {s.get('sync_rounds')}"),
         ("bytes on the wire", f"{s.get('bytes_on_wire', 0) / 1e6:.1f} MB ({s.get('bytes_per_token')} B/token)"),
@@ -251,6 +254,9 @@ def print_summary(s: dict, out: Path) -> None:
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
     print(f"  {'run dir':<{width}}  {out}")
+    from .fates import fates_lines
+    for line in fates_lines(s):
+        print(f"  {line}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -52,10 +52,11 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "Streaming DiLoCo (needs at least P numbered layers) (default balanced)")
     g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
     g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
-    g.add_argument("--adopt", choices=ADOPT_MODES, default=TrainConfig.adopt,
-                   help="how a learner adopts a merged fragment: mix (θ ← α·θ + (1−α)·Θ; with α = 0 the steps "
-                        "made since the push are thrown away) or rebase (θ ← Θ + the steps made since the "
-                        "push, which the next push then carries; nothing is thrown away)")
+    g.add_argument("--adopt", choices=ADOPT_MODES, default=None,
+                   help="how a learner adopts a merged fragment: rebase (θ ← Θ + the steps made since the push, "
+                        "which the next push then carries; nothing is thrown away) or mix (θ ← α·θ + (1−α)·Θ; "
+                        "with α = 0 the steps made since the push are thrown away) (default rebase; mix when "
+                        "--alpha is given)")
     g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding,
                    help="pseudo-gradients pushed to the syncer (default fp32)")
     g.add_argument("--pull-encoding", choices=PULL_ENCODINGS, default=TrainConfig.pull_encoding,
@@ -140,7 +141,7 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
             model=model, task=resolve_spec(args.task), precision=args.precision, mode=args.mode, seed=args.seed, num_learners=num_learners,
             sync_every=args.sync_every, fragments=args.fragments, overlap=args.overlap, alpha=args.alpha,
             fragment_layout=args.fragment_layout, final_round=args.final_round,
-            adopt=args.adopt,
+            adopt=adopt_mode(args),
             encoding=args.encoding, pull_encoding=args.pull_encoding, inner_lr=args.inner_lr,
             inner_warmup=args.inner_warmup, inner_decay=args.inner_decay,
             batch_size=args.batch_size,
@@ -150,6 +151,13 @@ def train_config(args: argparse.Namespace, parser: argparse.ArgumentParser, num_
     except (ValueError, TaskError) as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+def adopt_mode(args: argparse.Namespace) -> str:
+    """--adopt, else rebase, or mix when --alpha asks for mixing (rebase keeps everything)."""
+    if args.adopt is not None:
+        return args.adopt
+    return "mix" if args.alpha != 0.0 else TrainConfig.adopt
 
 
 def syncer_config(args: argparse.Namespace, parser: argparse.ArgumentParser, state_dir: str,
@@ -180,8 +188,9 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
 def forward_flags(args: argparse.Namespace) -> list[str]:
     """The training and syncer flags again, to hand a `run` to its syncer subprocess."""
     out = ["--mode", args.mode]
+    out += ["--adopt", adopt_mode(args)]
     for flag in ("precision", "seed", "n_layer", "n_head", "n_embd", "block_size", "batch_size", "inner_lr", "inner_warmup", "inner_decay", "sync_every",
-                 "fragments", "fragment_layout", "final_round", "final_wait", "start_wait", "overlap", "alpha", "adopt", "encoding", "pull_encoding", "push_window",
+                 "fragments", "fragment_layout", "final_round", "final_wait", "start_wait", "overlap", "alpha", "encoding", "pull_encoding", "push_window",
                  "heartbeat_interval", "heartbeat_timeout",
                  "request_timeout", "outer_lr", "outer_momentum", "quorum", "grace", "max_staleness",
                  "max_payload", "max_connections", "max_unauthenticated", "handshake_timeout", "idle_timeout",

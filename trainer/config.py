@@ -33,7 +33,7 @@ class TrainConfig:
     fragments: int = 1             # P
     overlap: int = 0               # τ: steps between a push and applying its merge
     alpha: float = 0.0             # mixing on apply: θ ← α·θ_local + (1−α)·Θ
-    adopt: str = "mix"             # mix: the line above; rebase: θ ← Θ + (θ_local − θ_at_last_push)
+    adopt: str = "rebase"          # rebase: θ ← Θ + (θ_local − θ_at_last_push); mix: the line above
     encoding: str = "fp32"
     pull_encoding: str = "fp32"    # how the syncer sends merged fragments (PULL replies)
     inner_lr: float = 3e-3

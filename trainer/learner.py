@@ -44,6 +44,7 @@ from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
 from .protocol import FrameFault, Reason
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
+from .cpuwait import CpuWait
 from .pacing import StepPacer
 from .ranks import Group, RankGroup, SoloGroup, param_digest
 from .signals import set_on_signal
@@ -152,6 +153,7 @@ class Learner:
         self.task: CheckedTask | None = None
         self.facts: dict = {}
         self.defect = defects.learner_active()  # a deliberate bug, for proving the checks (trainer/defects.py)
+        self.cpu_wait = CpuWait()  # read on the inner loop's thread: its own wait for a CPU
 
     # ----------------------------------------------------------------- setup
     def _welcome(self) -> wire.Frame:
@@ -338,9 +340,10 @@ class Learner:
             for f in range(len(tokens_since)):
                 tokens_since[f] += tokens
                 steps_since[f] += 1
+            waited = self.cpu_wait.sample()
             self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
-                             position=self.position)
+                             position=self.position, **({"cpu_wait": waited} if waited is not None else {}))
             last_step = self.opts.max_steps is not None and step >= self.opts.max_steps
             for f in ([] if last_step and cfg.final_round else clock.due(step)):  # the final round pushes all
                 with self._versions_lock:  # against _send_push marking a push of f as sent
@@ -362,6 +365,7 @@ class Learner:
         worker.join(timeout=self.opts.drain_timeout + 2)
         self._bye()
         self.events.emit("process_stop", role="learner", steps=step, drained=drained, unsent=len(self.queue),
+                         incarnation=self.incarnation,
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
 
@@ -479,11 +483,15 @@ class Learner:
                     # empty: pulling only when idle would starve adoption.
                     self._pull_new_versions()
                     continue
-                if time.monotonic() >= heartbeat_due(self.link, self.cfg.heartbeat_interval):
-                    beat = self.link.request(wire.message(wire.HEARTBEAT, {}))
+                known = self._awaited()
+                if known is not None or time.monotonic() >= heartbeat_due(self.link, self.cfg.heartbeat_interval):
+                    # Awaiting a merge: a long poll, answered as soon as a version passes the ones known.
+                    poll = {"wait_ms": int(self.cfg.heartbeat_interval * 1000), "versions": known} if known else {}
+                    beat = self.link.request(wire.message(wire.HEARTBEAT, poll))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
-                self.queue.wait(max(0.0, heartbeat_due(self.link, self.cfg.heartbeat_interval) - time.monotonic()))
+                if known is None:
+                    self.queue.wait(max(0.0, heartbeat_due(self.link, self.cfg.heartbeat_interval) - time.monotonic()))
             except Refusal as exc:
                 if exc.reason in FATAL_REASONS:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
@@ -497,6 +505,13 @@ class Learner:
                 if self.stop.is_set():
                     return
                 self.stop.wait(0.05)
+
+    def _awaited(self) -> list[int] | None:
+        """The syncer's versions as this learner knows them, when it awaits the merge of a
+        push it sent (the version that will hold it is not known to be out yet); else None."""
+        with self._versions_lock:
+            waiting = any(t is not None and v < t for t, v in zip(self.targets, self.syncer_versions))
+            return list(self.syncer_versions) if waiting else None
 
     def _note_versions(self, versions: list[int] | None) -> None:
         if versions:
@@ -585,6 +600,7 @@ class Learner:
             self._await_version(item.fragment, self.syncer_versions[item.fragment], item.seq)
             self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
                              reason=exc.reason, detail=exc.detail, wire_bytes=item.message.wire_size,
+                             tokens=item.tokens, steps=item.steps,
                              id=f"{self.opts.learner}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
 
     def _bye(self) -> None:
@@ -619,14 +635,15 @@ class Learner:
             compute_s += time.perf_counter() - applied_at  # own work only; the wait is excluded
             self.round += 1
             step += 1
+            waited = self.cpu_wait.sample()
             self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), round=self.round, incarnation=self.incarnation,
-                             position=self.position,
+                             position=self.position, **({"cpu_wait": waited} if waited is not None else {}),
                              dt=round(time.perf_counter() - started, 5), wire_bytes=reply.wire_bytes)
             self.pacer.after_step(compute_s, self.stop)
         self.stop.set()
         self._bye()
-        self.events.emit("process_stop", role="learner", steps=step,
+        self.events.emit("process_stop", role="learner", steps=step, incarnation=self.incarnation,
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
 

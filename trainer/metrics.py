@@ -5,16 +5,23 @@ same wall time.
 - Merged useful tokens: in decoupled mode, the tokens of every push that entered a merge,
   weighted by the share of parameters its fragment holds (so P fragments do not count a
   token P times); in sync mode, the tokens of every completed all-reduce round.
-- Capacity: Σ over learners of (its fault-free rate) × (wall time of the run), where a
-  learner's rate is its tokens per step over the median own compute time of a step
+- Capacity: Σ over learners of (its fault-free rate) × (the time it could have computed),
+  where a learner's rate is its tokens per step over the median own compute time of a step
   (waiting on the network excluded), scaled by its configured speed factor; with an
   emulated accelerator (--step-time T) the step time is T, or the median compute if longer.
+  The time it could have computed is the run's wall time, less the time the learner was
+  ready to step but waited for a CPU (trainer/cpuwait.py): learners sharing a machine's
+  cores (three on two) cannot all run at their solo rate, and goodput must not read a full
+  machine as a wasteful protocol. Time a learner was down, paused or cut off still counts.
+  `goodput_solo` is the same tokens over every learner's solo rate for the whole run.
 """
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
 from typing import Iterable
+
+from .fates import where_tokens_went
 
 
 def _median(values: list[float]) -> float | None:
@@ -43,6 +50,26 @@ def learner_rates(events: Iterable[dict]) -> dict[int, float]:
     return rates
 
 
+def learner_cpu_waits(events: Iterable[dict]) -> dict[int, float]:
+    """Seconds each learner whose accelerator is the CPU (no --step-time) spent ready to
+    step but waiting for a core (trainer/cpuwait.py), summed over its incarnations."""
+    first: dict[tuple, float] = {}
+    last: dict[tuple, float] = {}
+    emulated: set[int] = set()
+    for e in events:
+        if e["kind"] == "process_start" and e.get("role") == "learner" and float(e.get("step_time") or 0.0) > 0:
+            emulated.add(e["learner"])
+        elif e["kind"] == "inner_step" and e.get("learner") is not None and "cpu_wait" in e:
+            key = (e["learner"], e.get("incarnation"))
+            first.setdefault(key, float(e["cpu_wait"]))
+            last[key] = float(e["cpu_wait"])
+    out: dict[int, float] = defaultdict(float)
+    for key, value in last.items():
+        if key[0] not in emulated:  # an emulated accelerator's slot absorbs the host's waits
+            out[key[0]] += max(0.0, value - first[key])
+    return dict(out)
+
+
 def event_merged_tokens(event: dict) -> float:
     """Useful tokens one event merged: a merge's contributors weighted by its fragment's
     share of the parameters, or a sync round's tokens; 0 for any other event."""
@@ -65,7 +92,9 @@ def summarize(events: list[dict], num_learners: int) -> dict:
     wall = max(t1 - t0, 1e-9)
     rates = learner_rates(events)
     mean_rate = statistics.fmean(rates.values()) if rates else 0.0
-    capacity = sum(rates.get(i, mean_rate) for i in range(1, num_learners + 1)) * wall
+    solo = sum(rates.get(i, mean_rate) for i in range(1, num_learners + 1)) * wall
+    waits = learner_cpu_waits(events)
+    capacity = sum(rates.get(i, mean_rate) * max(0.0, wall - waits.get(i, 0.0)) for i in range(1, num_learners + 1))
     merged = merged_tokens(events)
     processed = sum(e["tokens"] for e in steps)
     merges = [e for e in events if e["kind"] == "merge"]
@@ -85,6 +114,9 @@ def summarize(events: list[dict], num_learners: int) -> dict:
         "tokens_merged": round(merged, 1),
         "capacity_tokens": round(capacity, 1),
         "goodput": round(merged / capacity, 4) if capacity > 0 else None,
+        "capacity_solo_tokens": round(solo, 1),
+        "goodput_solo": round(merged / solo, 4) if solo > 0 else None,
+        "cpu_wait_seconds": {str(k): round(v, 2) for k, v in sorted(waits.items())},
         "merges": len(merges),
         "sync_rounds": len(sync_steps),
         "versions": max((e["version"] for e in merges), default=0),
@@ -97,4 +129,5 @@ def summarize(events: list[dict], num_learners: int) -> dict:
         "dropped_stale": int(counters.get("dropped_stale", 0)),
         "duplicates": int(counters.get("duplicates", 0)),
         "heartbeats_lost": int(counters.get("heartbeats_lost", 0)),
+        **(where_tokens_went(events, waits, wall) if merges else {}),
     }

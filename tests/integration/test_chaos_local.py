@@ -180,7 +180,7 @@ def test_external_toxiproxy_via_url(tmp_path: Path, monkeypatch: pytest.MonkeyPa
                 assert time.monotonic() < deadline, "the external Toxiproxy server did not listen"
                 time.sleep(0.1)
         cluster.start()
-        assert cluster._server is None and cluster.toxiproxy.url == f"http://127.0.0.1:{port}"
+        assert "toxiproxy" not in cluster.procs and cluster.toxiproxy.url == f"http://127.0.0.1:{port}"
         assert set(cluster.toxiproxy.proxies()) == {"learner-1", "learner-2"}
         wait_for(tmp_path / "run", "merges with both learners through the external proxies",
                  lambda ev: {c["learner"] for e in ev if e["kind"] == "merge" for c in e["contributors"]} == {1, 2},

@@ -291,10 +291,12 @@ def test_a_slow_restart_delays_no_fault_on_another_target(srv, tmp_path: Path) -
 
 
 def test_a_fault_waits_for_the_one_before_it_on_the_same_target(srv, tmp_path: Path) -> None:
-    """Back-to-back faults on one process: the pause due at 2 s starts only once the kill
-    before it has its target back (at 1 + 1.5 s), and the history says it waited, and for
-    which fault; faults_applied then names the late start."""
-    from chaos.checkers import FAIL, RunView, check_faults_applied
+    """Back-to-back faults on one process whose restart is slow: the pause due at 1 s starts
+    only once the kill before it has its target back (at 1 + 1.5 s), is shifted whole (in
+    force its full second, not cut at its planned end), and the history says it waited,
+    for which fault and how long; faults_applied passes and says so (property suite seed
+    450: two syncer kills 2.3 s apart, the first restart 3 s long)."""
+    from chaos.checkers import PASS, RunView, check_faults_applied
 
     cluster = SlowRestarts(ToxiproxyClient(srv.url), restart_seconds=1.5)
     schedule = Schedule(seed=1, faults=(Kill(at=0.5, duration=0.5, target="syncer"),
@@ -302,8 +304,9 @@ def test_a_fault_waits_for_the_one_before_it_on_the_same_target(srv, tmp_path: P
     history = History(tmp_path / "history.jsonl")
     Controller(cluster, schedule.validate(2), history, settle=0).run(duration=3.5)
     entries = read_history(tmp_path / "history.jsonl")
-    pause = next(e for e in entries if e.get("index") == 1 and e["event"] == "start")
-    assert pause["waited_for"]["fault"] == 0 and pause["waited_for"]["seconds"] > 1.0
-    assert pause["at"] >= 2.4
+    start = next(e for e in entries if e.get("index") == 1 and e["event"] == "start")
+    stop = next(e for e in entries if e.get("index") == 1 and e["event"] == "stop")
+    assert start["waited_for"]["fault"] == 0 and start["waited_for"]["shifted_by"] > 1.0
+    assert start["at"] >= 2.4 and stop["at"] - start["at"] >= 1.0 - 0.05
     verdict = check_faults_applied(RunView([], entries))
-    assert verdict.status == FAIL and "waiting" in verdict.detail and "faults[1] pause syncer" in verdict.detail
+    assert verdict.status == PASS and "faults [1] shifted" in verdict.detail, verdict.detail

@@ -441,3 +441,39 @@ def test_merging_continues_after_a_failed_state_write(rig: Rig) -> None:
     poll_until(lambda: s.frags[0].version >= 1 or not merge_thread.is_alive(),
                "a merge, or the merge thread to end")
     assert s.frags[0].version == 1, "one failed write stopped all merging"
+
+
+# ----------------------------------------------------------------------------- long poll
+
+def test_a_heartbeat_long_poll_answers_when_a_merge_passes_the_known_versions(rig: Rig) -> None:
+    """A learner awaiting the merge of its push sends HEARTBEAT with `wait_ms` and the
+    versions it knows: the syncer answers as soon as a merge passes one of them, not when
+    the wait runs out; with nothing merged it answers after the wait. Bad fields are
+    refused by name."""
+    s = rig.start(quorum=1, grace=0.0)
+    poller, pusher = rig.client(s), rig.client(s)
+    poller.hello(1, "a")
+    pusher.hello(2, "b")
+    started = time.monotonic()
+    quiet = poller.request(wire.HEARTBEAT, {"wait_ms": 300, "versions": [0]})
+    assert quiet.type == wire.BEAT and quiet.header["versions"] == [0] and time.monotonic() - started >= 0.29
+    answers: dict = {}
+
+    def poll() -> None:
+        answers["reply"] = poller.request(wire.HEARTBEAT, {"wait_ms": 1000, "versions": [0]})
+        answers["at"] = time.monotonic()
+
+    waiter = threading.Thread(target=poll)
+    waiter.start()
+    time.sleep(0.1)
+    pushed = time.monotonic()
+    assert pusher.send(push_frame(2, 1, 1, rig.delta(s, 2))).header["status"] == "accepted"
+    waiter.join(timeout=5)
+    assert answers["reply"].header["versions"] == [1]
+    assert answers["at"] - pushed < 0.5, "the poll waited out its time instead of answering the merge"
+    for bad in ({"wait_ms": 5000, "versions": [0]}, {"wait_ms": 100, "versions": [0, 0]},
+                {"wait_ms": 100, "versions": ["x"]}):
+        reply = rig.client(s)
+        reply.hello(3, f"bad-{bad['wait_ms']}-{len(bad['versions'])}")
+        answer = reply.request(wire.HEARTBEAT, bad)
+        assert answer.type == wire.ERROR and answer.header["reason"] == "bad_header", (bad, answer.header)

@@ -5,6 +5,7 @@ so the count of heartbeats does not depend on how fast the machine is.
 """
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -34,9 +35,16 @@ class FakeLink:
         self.clock = clock
         self.last_reply = 0.0
         self.heartbeats: list[float] = []
+        self.headers: list[dict] = []
+        self.closing: threading.Event | None = None
 
-    def request(self, frame: bytes) -> SimpleNamespace:
+    def request(self, frame) -> SimpleNamespace:
         self.heartbeats.append(self.clock.now)
+        self.headers.append(json.loads(frame.head))
+        if "wait_ms" in self.headers[-1]:  # a long poll: the syncer answers within its wait
+            self.clock.now += self.headers[-1]["wait_ms"] / 1000
+            if self.clock.now >= HORIZON and self.closing is not None:
+                self.closing.set()
         self.last_reply = self.clock.now
         return SimpleNamespace(header={})
 
@@ -64,11 +72,13 @@ class FakeQueue:
             self.closing.set()
 
 
-def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None) -> tuple[list[float], int]:
+def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None,
+             awaited: list[int] | None = None, link_out: list | None = None) -> tuple[list[float], int]:
     clock = FakeClock()
     monkeypatch.setattr(learner_module, "time", clock)
     closing = threading.Event()
     link = FakeLink(clock)
+    link.closing = closing
     queue = FakeQueue(clock, push_every, closing)
     pushes: list[float] = []
 
@@ -80,8 +90,10 @@ def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None) -> tuple
     fake = SimpleNamespace(
         closing=closing, drain_over=threading.Event(), stop=threading.Event(), link=link, queue=queue,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push,
-        _pull_new_versions=lambda: None, _note_versions=lambda versions: None)
+        _pull_new_versions=lambda: None, _note_versions=lambda versions: None, _awaited=lambda: awaited)
     learner_module.Learner._network_loop(fake)  # type: ignore[arg-type]
+    if link_out is not None:
+        link_out.append(link)
     return link.heartbeats, len(pushes)
 
 
@@ -103,6 +115,18 @@ def test_pushes_slower_than_the_interval_leave_room_for_heartbeats(monkeypatch: 
     heartbeats, pushes = run_loop(monkeypatch, push_every=0.5)
     assert pushes >= 5
     assert heartbeats, "a link quiet for longer than the interval between pushes sent no heartbeat"
+
+
+def test_a_learner_awaiting_a_merge_long_polls_instead_of_sleeping(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a push waits for its merge, the heartbeat is a long poll that names the versions
+    known (the syncer answers when one passes them): back to back, no sleep between, so an
+    adoption waits for the merge, not for the next heartbeat interval."""
+    out: list = []
+    heartbeats, _ = run_loop(monkeypatch, push_every=None, awaited=[3, 4], link_out=out)
+    (link,) = out
+    assert link.headers and all(h["wait_ms"] == int(INTERVAL * 1000) and h["versions"] == [3, 4]
+                                for h in link.headers)
+    assert heartbeats[0] == 0.0, "the first poll waited for a heartbeat interval"
 
 
 class FakeStop:
