@@ -10,7 +10,7 @@ from pathlib import Path
 from trainer.argtypes import positive_float as _positive_float
 from trainer.argtypes import non_negative_int as _non_negative_int
 from trainer.argtypes import positive_int as _positive_int
-from trainer.argtypes import device_arg
+from trainer.argtypes import Parser, device_arg, parse_with_hints, subcommand_parser
 
 from faults.sizing import DEFAULT_LEARNERS, DEFAULT_RANKS
 from trainer.rundir import claim_run_dir, release_if_empty
@@ -89,13 +89,13 @@ def _run_in(out: Path, schedule, spec, args: argparse.Namespace) -> int:
     if args.seed is not None:
         schedule = type(schedule)(seed=args.seed, faults=schedule.faults, learners=schedule.learners,
                                   name=schedule.name)
-    print(f"chaos: {len(schedule.faults)} fault(s), {args.learners} learners, backend {args.backend}, "
-          f"run dir {out}", flush=True)
+    header = f"chaos: {len(schedule.faults)} fault(s), {args.learners} learners, backend {args.backend}, run dir {out}"
     try:
         with ProgressPrinter(RunProgress(out, args.learners)) as printer:
-            result = run_schedule(schedule, out, spec, reference=args.reference, on_phase=printer.phase)
+            result = run_schedule(schedule, out, spec, reference=args.reference, on_phase=printer.phase,
+                                  on_start=lambda: print(header, flush=True))
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
-        print(f"run: error: {exc}", file=sys.stderr)
+        print(f"run: error: {as_flag(str(exc))}", file=sys.stderr)
         return 2
     except (RuntimeError, TimeoutError) as exc:
         print(f"run: error: {exc}", file=sys.stderr)
@@ -123,12 +123,13 @@ def cmd_replay(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     extra = f", task {recorded.task}" if recorded.task != "gpt" else ""
     extra += f", trainer args {' '.join(recorded.trainer_args)}" if recorded.trainer_args else ""
     extra += "".join(f", {k}={v}" for k, v in sorted(recorded.env.items()))
-    print(f"chaos: replaying {args.run_dir}: {len(recorded.schedule.faults)} fault(s), seed "
-          f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
-          f"{recorded.mode}{extra}, run dir {out}", flush=True)
+    header = (f"chaos: replaying {args.run_dir}: {len(recorded.schedule.faults)} fault(s), seed "
+              f"{recorded.schedule.seed}, {recorded.learners} learners, backend {recorded.backend}, mode "
+              f"{recorded.mode}{extra}, run dir {out}")
     try:
         with ProgressPrinter(RunProgress(out, recorded.learners)) as printer:
-            result = replay(args.run_dir, out, recorded, reference=args.reference, on_phase=printer.phase)
+            result = replay(args.run_dir, out, recorded, reference=args.reference, on_phase=printer.phase,
+                            on_start=lambda: print(header, flush=True))
     except ValueError as exc:
         print(f"replay: error: {exc}", file=sys.stderr)
         return 2
@@ -167,7 +168,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def cmd_validate(argv: list[str]) -> int:
     from faults.cli import validate_main
-    return validate_main(argv)
+    return validate_main(argv, parser_class=Parser)
 
 
 def cmd_toxiproxy(argv: list[str]) -> int:
@@ -231,12 +232,16 @@ def learner_args(values: list[str]) -> dict[int, list[str]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m chaos", description="Islands' chaos harness.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m chaos", description="Islands' chaos harness: fault schedules applied to a "
+                                                         "training cluster, checked, reported and replayed.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("run", help="start a cluster, apply a fault schedule, heal, check")
+    p = sub.add_parser("run", help="start a cluster, apply a fault schedule, heal, check",
+                       description="Start a cluster, apply a fault schedule on its clock, heal, stop, check the run "
+                                   "and print the verdicts; exit 1 if a check failed, 2 for a refused run.")
     p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (.yaml, .yml or .json)")
-    p.add_argument("--backend", choices=BACKENDS, default="local")
+    p.add_argument("--backend", choices=BACKENDS, default="local",
+                   help="where the cluster runs: local processes, docker compose or a Docker Swarm stack")
     p.add_argument("--learners", type=_positive_int, default=None,
                    help=f"learner units (default: the schedule's learners:, else {DEFAULT_LEARNERS}; "
                         f"must agree with the schedule's learners: when both are given)")
@@ -248,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local backend: keep N warm spare processes (torch already imported) that restarts "
                         "take instead of starting Python cold (default 0: every restart starts cold)")
     p.add_argument("--out", help="run directory (default runs/chaos-<timestamp>)")
-    p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled")
+    p.add_argument("--mode", choices=("decoupled", "sync"), default="decoupled",
+                   help="decoupled DiLoCo, or the synchronous data-parallel baseline on the same code")
     p.add_argument("--task", default="gpt", metavar="TASK",
                    help="what the cluster trains: FILE.py:NAME or MODULE:NAME (README, 'Your own model'); "
                         "default gpt, the built-in byte-level GPT on --data")
@@ -263,7 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
 
     p = sub.add_parser("replay", help="rerun a recorded run dir (run.json + schedule.yaml) with the same "
-                                      "settings and seed")
+                                      "settings and seed",
+                       description="Rerun a recorded run (a `chaos run` directory or a pytest chaos-artifacts "
+                                   "directory) with its settings and seed, then print it beside the original.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a `chaos run` directory or a pytest chaos-artifacts directory")
     p.add_argument("--out", help="run directory for the replay (default RUN_DIR-replay-<n>, the first free n)")
     p.add_argument("--backend", choices=BACKENDS, default=None,
@@ -271,7 +279,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_replay)
 
-    p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report")
+    p = sub.add_parser("demo", help="a demo chaos run on the local backend that ends with a report",
+                       description="The README's demo: 3 learners on the local backend; learner-1 SIGKILLed and "
+                                   "restarted, learner-2's link partitioned, learner-3's slowed; the checks' verdicts, "
+                                   "then timeline.html and timeline.png in the run directory.")
     p.add_argument("--out", help="run directory (default runs/demo-<timestamp>)")
     p.add_argument("--schedule", help=f"schedule file (default {DEMO_SCHEDULE.name})")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
@@ -299,11 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["run"] and "--" in argv:
         cut = argv.index("--")
         argv, trainer_args = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
+    args = parse_with_hints(parser, argv)
     if args.command == "run":
         args.trainer_args = trainer_args
-    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
-    return int(args.func(args, sub) or 0)
+    return int(args.func(args, subcommand_parser(parser, args)) or 0)
 
 
 if __name__ == "__main__":

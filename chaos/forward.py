@@ -14,6 +14,8 @@ import asyncio
 import contextlib
 import sys
 
+from trainer.argtypes import Parser
+
 MAX_CONNECTIONS = 64
 CONNECT_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0
@@ -71,7 +73,7 @@ async def serve(listen: tuple[str, int], upstream: tuple[str, int]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos forward", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m chaos forward", description=__doc__.splitlines()[0])
     parser.add_argument("--listen", type=address, required=True, help="HOST:PORT to accept on")
     parser.add_argument("--to", type=address, required=True, help="HOST:PORT to relay each connection to")
     args = parser.parse_args(argv)

@@ -9,7 +9,6 @@ The load average is sampled while it runs, so a report can say how loaded the ma
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import statistics
@@ -18,6 +17,8 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+
+from trainer.argtypes import Parser
 
 DEFAULT_MAX_SECONDS = 4 * 3600.0
 SAMPLE_EVERY = 15.0
@@ -114,7 +115,7 @@ class CpuLoad:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m chaos load N [--seconds S]`: load the machine until S seconds pass or Ctrl-C."""
-    p = argparse.ArgumentParser(prog="python -m chaos load", description=__doc__.split("\n\n")[0])
+    p = Parser(prog="python -m chaos load", description=__doc__.split("\n\n")[0])
     p.add_argument("processes", type=int, metavar="N", help="busy processes, pinned round-robin to the CPUs")
     p.add_argument("--seconds", type=float, default=600.0, help="stop after this long (default 600)")
     args = p.parse_args(argv)

@@ -83,9 +83,9 @@ def next_replay_dir(run_dir: str | Path) -> Path:
 
 
 def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorded | None = None,
-           reference: str = "auto", on_phase=None):
+           reference: str = "auto", on_phase=None, on_start=None):
     """Run the recorded schedule again with its recorded settings; returns the RunResult.
-    `reference` and `on_phase` as chaos.runner.run_schedule takes them."""
+    `reference`, `on_phase` and `on_start` as chaos.runner.run_schedule takes them."""
     from . import runner
 
     recorded = recorded or load_recorded(run_dir)
@@ -94,7 +94,7 @@ def replay(run_dir: str | Path, out: str | Path | None = None, recorded: Recorde
     os.environ.update(recorded.env)  # the cluster's processes inherit it
     try:
         return runner.run_schedule(recorded.schedule, out, recorded.on_backend(recorded.backend).spec,
-                                   reference=reference, on_phase=on_phase)
+                                   reference=reference, on_phase=on_phase, on_start=on_start)
     finally:
         for k, v in saved.items():
             if v is None:

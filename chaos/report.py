@@ -35,6 +35,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trainer.argtypes import Parser
+
 from .applied import FaultWindow
 from .applied import fault_windows as applied_windows
 from .nemesis import NEMESES
@@ -206,6 +208,16 @@ def load_run(run_dir: str | Path) -> Run:
 
 
 # --------------------------------------------------------------------------- derived data
+
+
+def loss_unit(events: list[dict]) -> str:
+    """The task's unit of loss, as its learners said (`describe()`'s loss_unit; nats/byte for
+    the built-in task), else a neutral name: a user's MSE is not nats per byte."""
+    for e in events:
+        if e.get("kind") == "process_start" and e.get("role") == "learner" and e.get("loss_unit"):
+            return str(e["loss_unit"])
+    tasks = {str(e.get("task")) for e in events if e.get("kind") == "process_start" and e.get("role") == "learner"}
+    return "nats/byte" if tasks == {"gpt"} else "the task's units"
 
 
 def fault_windows(run: Run) -> list[FaultWindow]:
@@ -484,7 +496,8 @@ def render_figure(run: Run, path: Path) -> None:
     if bad_x:
         ax_loss.scatter(bad_x, [0.97] * len(bad_x), marker="|", s=80, color="#cf222e",
                         transform=ax_loss.get_xaxis_transform(), zorder=5, label="non-finite loss")
-    ax_loss.set_ylabel("loss (nats/byte)" if plotted_global else "training loss")
+    unit = loss_unit(run.events)
+    ax_loss.set_ylabel(f"loss ({unit})" if plotted_global else f"training loss ({unit})")
     if steps_by_learner or plotted_global:
         ax_loss.legend(loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=8, frameon=False, borderaxespad=0)
     else:
@@ -828,8 +841,8 @@ def has_events(run_dir: str | Path) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="report", description="Draw a chaos run's timeline: RUN_DIR/timeline.png and RUN_DIR/timeline.html.")
+    parser = Parser(
+        prog="python -m chaos report", description="Draw a chaos run's timeline: RUN_DIR/timeline.png and RUN_DIR/timeline.html.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory holding events/*.jsonl")
     return parser
 

@@ -157,12 +157,14 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
 
 def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
                  checker_options: dict | None = None, evaluate: bool = True, reference: str = "auto",
-                 on_phase: Callable[[str], None] | None = None, **settings) -> RunResult:
+                 on_phase: Callable[[str], None] | None = None, on_start: Callable[[], None] | None = None,
+                 **settings) -> RunResult:
     """Run `spec` (or a RunSpec of `settings`: backend=, learners=, task=, ...) under
     `schedule`. `reference`: "auto" compares the final loss with a fault-free run of the
     same configuration (chaos/reference.py: cached, run after this one when missing), "off"
     does not (nor does a run that is not evaluated). `on_phase` hears what the run does
-    after its schedule (the progress printer's heartbeat says it)."""
+    after its schedule (the progress printer's heartbeat says it); `on_start` is called once
+    the run is accepted and its directory made (a refused run made none, and says nothing of one)."""
     phase = on_phase or (lambda text: None)
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
@@ -170,6 +172,10 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
     spec = spec.replace(seed=schedule.seed, duration=spec.duration if spec.duration is not None
                         else default_duration(schedule))
     schedule.validate(spec.learners)
+    if spec.duration < schedule.horizon:
+        raise ValueError(f"duration: {spec.duration:g} s ends before the schedule's last fault does, at "
+                         f"{schedule.horizon:g} s; give at least that, or none (the default: the schedule's horizon "
+                         f"+ {TAIL_SECONDS:g} s to recover)")
     # Every refusal (a bad schedule or task, a fault the backend cannot apply, a cluster
     # already running) comes before the run directory exists: a refused run leaves nothing behind.
     cluster = make_cluster(spec, run_dir)
@@ -179,6 +185,8 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
     check_task(spec)
     cluster.preflight()
     run_dir.mkdir(parents=True, exist_ok=True)
+    if on_start is not None:
+        on_start()
     schedule.dump(run_dir / "schedule.yaml")
     (run_dir / "run.json").write_text(json.dumps(spec.to_json(), indent=2))
     history = History(run_dir / HISTORY_FILE)

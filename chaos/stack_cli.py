@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer.argtypes import positive_int
+from trainer.argtypes import Parser, positive_int
 
 from .backends.compose_cli import ComposeError, find_compose_file
 from .backends.compose import OVERRIDE_FILE
@@ -24,7 +24,7 @@ then, on a swarm manager, with the syncer's node labelled (docker node update --
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m chaos stack", description=__doc__.splitlines()[0],
+    parser = Parser(prog="python -m chaos stack", description=__doc__.splitlines()[0],
                                      epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--learners", type=positive_int, default=3, help="learner services (default 3)")
     parser.add_argument("--toxiproxy", choices=("islands", "shopify"), default="islands",

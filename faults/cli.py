@@ -44,8 +44,10 @@ def summary(schedule: Schedule, learners: int | None = None, ranks: int = DEFAUL
     return line + f" ({learners} learners" + (f" of {ranks} ranks" if ranks > 1 else "") + ")"
 
 
-def build_parser(prog: str = "python -m chaos validate") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Check a fault schedule file (.yaml, .yml or .json).")
+def build_parser(prog: str = "python -m chaos validate",
+                 parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """`parser_class`: chaos passes its own (short errors, every default shown); faults imports nothing of ours."""
+    parser = parser_class(prog=prog, description="Check a fault schedule file (.yaml, .yml or .json).")
     parser.add_argument("file", metavar="FILE", help="schedule file")
     parser.add_argument(
         "--learners",
@@ -65,14 +67,15 @@ def build_parser(prog: str = "python -m chaos validate") -> argparse.ArgumentPar
     return parser
 
 
-def validate_main(argv: Sequence[str] | None = None, *, prog: str = "python -m chaos validate") -> int:
+def validate_main(argv: Sequence[str] | None = None, *, prog: str = "python -m chaos validate",
+                  parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
     """Validate one schedule file; prints a summary (stdout) or every error (stderr); returns the exit code.
 
     ``argv`` is the arguments after ``validate`` (default ``sys.argv[1:]``).
     Never raises SystemExit, so callers can wrap it in their own CLI.
     """
     try:
-        args = build_parser(prog).parse_args(argv)
+        args = build_parser(prog, parser_class).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_INVALID
     path = Path(args.file)

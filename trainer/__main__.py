@@ -1,4 +1,4 @@
-"""CLI: `python -m trainer {syncer,learner,run}`. `--help` on each."""
+"""CLI: `python -m trainer {syncer,learner,eval,run}`. `--help` on each."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .cli_args import (add_common_args, add_device_arg, add_syncer_args, add_train_args, forward_flags,
                        non_negative_int, positive_float, positive_int, syncer_config, train_config)
-from .argtypes import non_negative_float
+from .argtypes import Parser, non_negative_float, parse_with_hints, subcommand_parser
 from .link import Address
 
 
@@ -233,7 +233,7 @@ def print_summary(s: dict, out: Path) -> None:
     startup = f"; the first {s['startup_seconds']} s went to starting the learners" if "startup_seconds" in s else ""
     rows = [
         ("training time", f"{s.get('wall_seconds')} s of the run, first to last inner step{startup}"),
-        ("final loss (held-out" + (", nats/byte)" if s.get("task") == "gpt" else ")"), s.get("final_loss")),
+        ("final loss (held-out" + (f", {s['loss_unit']})" if s.get("loss_unit") else ")"), s.get("final_loss")),
         *((f"held-out {k}", v) for k, v in (s.get("metrics") or {}).items()),
         *((("loss floor (entropy rate)", round(floor, 4) if floor is not None else "unknown (real text)"),
            ("unigram entropy", round(s["unigram_entropy"], 4))) if "unigram_entropy" in s else ()),
@@ -260,8 +260,9 @@ def print_summary(s: dict, out: Path) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="python -m trainer", description="Islands' trainer: decoupled DiLoCo learners and "
+                                                           "their syncer, as processes over TCP.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{syncer,learner,eval,run}")
 
     p = sub.add_parser("syncer", help="run the syncer (outer optimizer) service")
     add_common_args(p)
@@ -270,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learners", type=positive_int, default=3, help="number of learners (data shards)")
     p.add_argument("--state-dir", required=True, help="durable state; the syncer resumes from it")
     p.add_argument("--run-dir", help="write events to RUN_DIR/events/syncer.jsonl")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1: this machine only)")
     p.add_argument("--port", type=non_negative_int, default=0, help="0 picks a free port")
     p.add_argument("--address-file", help="write {host, port} here once listening")
     p.add_argument("--eval-data", default=None, metavar="DATA",
@@ -287,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "joining: FILE.py:NAME, MODULE:NAME or gpt (default)")
     add_device_arg(p)
     p.add_argument("--run-dir", help="write events to RUN_DIR/events/learner-N.jsonl")
-    p.add_argument("--max-steps", type=positive_int, default=None)
+    p.add_argument("--max-steps", type=positive_int, default=None,
+                   help="stop cleanly after this many inner steps (default: run until SIGTERM)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads")
     p.add_argument("--speed", type=positive_float, default=1.0, help="(0, 1]: artificial slowdown factor")
     p.add_argument("--slowdown", choices=("sleep", "spin"), default="sleep",
@@ -297,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="emulate an accelerator: every inner step takes at least SECONDS, the learner sleeping "
                         "out what its own work did not use (so learners sharing this machine's CPUs do not "
                         "slow each other); 0 = as fast as the CPU goes (default)")
-    p.add_argument("--connect-timeout", type=positive_float, default=60.0)
+    p.add_argument("--connect-timeout", type=positive_float, default=60.0,
+                   help="seconds to keep trying to reach the syncer at start before giving up")
     p.add_argument("--ranks", type=positive_int, default=1,
                    help="ranks in this unit: DDP over gloo inside it, rank 0 talks to the syncer; "
                         "if any rank dies the whole unit restarts (default 1)")
@@ -307,8 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rendezvous", default=None, help=argparse.SUPPRESS)  # the unit's gloo file store
     p.set_defaults(func=cmd_learner)
 
-    p = sub.add_parser("eval", help="held-out loss of the global parameters in a state dir (JSON)")
-    p.add_argument("--state-dir", required=True)
+    p = sub.add_parser("eval", help="held-out loss of the global parameters in a state dir (JSON)",
+                       description="Print the held-out loss of the global parameters a syncer's state dir holds, "
+                                   "as one JSON line.")
+    p.add_argument("--state-dir", required=True, help="a syncer's --state-dir")
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
     p.add_argument("--run-dir", help="also write an `eval` event to RUN_DIR/events/evaluator.jsonl")
     p.set_defaults(func=cmd_eval)
@@ -317,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common_args(p)
     add_train_args(p)
     add_syncer_args(p)
-    p.add_argument("--learners", type=positive_int, default=3)
+    p.add_argument("--learners", type=positive_int, default=3, help="learner units to start, each on its own shard")
     p.add_argument("--out", help="run directory (default runs/<timestamp>)")
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
     p.add_argument("--duration", type=positive_float, default=60.0, help="seconds of training")
@@ -334,8 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    args = parse_with_hints(parser, list(sys.argv[1:] if argv is None else argv))
+    sub = subcommand_parser(parser, args)
     return int(args.func(args, sub) or 0)
 
 

@@ -20,7 +20,8 @@ from .argtypes import device_arg, non_negative_float, non_negative_int, on_off, 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="decoupled",
                    help="decoupled DiLoCo, or the synchronous data-parallel baseline (default: decoupled)")
-    p.add_argument("--secret-file", help="file holding the shared HMAC secret (else $ISLANDS_SECRET[_FILE])")
+    p.add_argument("--secret-file", help="file holding the shared HMAC secret (default: $ISLANDS_SECRET_FILE, "
+                                         "else $ISLANDS_SECRET)")
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -32,13 +33,19 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "built-in byte-level GPT on --data, shaped by the model flags below")
     g.add_argument("--precision", choices=PRECISIONS, default=TrainConfig.precision,
                    help="inner steps in fp32, or under bf16 autocast (default fp32)")
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--n-layer", type=positive_int, default=ModelConfig.n_layer)
-    g.add_argument("--n-head", type=positive_int, default=ModelConfig.n_head)
-    g.add_argument("--n-embd", type=positive_int, default=ModelConfig.n_embd)
-    g.add_argument("--block-size", type=positive_int, default=ModelConfig.block_size)
-    g.add_argument("--batch-size", type=positive_int, default=TrainConfig.batch_size)
-    g.add_argument("--inner-lr", type=positive_float, default=TrainConfig.inner_lr)
+    g.add_argument("--seed", type=int, default=0, help="seeds Θ₀, the data shards' order and every learner's batches")
+    g.add_argument("--n-layer", type=positive_int, default=ModelConfig.n_layer,
+                   help="transformer blocks of the built-in gpt task")
+    g.add_argument("--n-head", type=positive_int, default=ModelConfig.n_head,
+                   help="attention heads per block of the built-in gpt task (must divide --n-embd)")
+    g.add_argument("--n-embd", type=positive_int, default=ModelConfig.n_embd,
+                   help="width of the built-in gpt task's embeddings and blocks")
+    g.add_argument("--block-size", type=positive_int, default=ModelConfig.block_size,
+                   help="context length of the built-in gpt task, in bytes")
+    g.add_argument("--batch-size", type=positive_int, default=TrainConfig.batch_size,
+                   help="sequences per inner step of each rank (built-in gpt task)")
+    g.add_argument("--inner-lr", type=positive_float, default=TrainConfig.inner_lr,
+                   help="the learners' inner AdamW learning rate (a task's own inner optimizer keeps its own)")
     g.add_argument("--inner-warmup", type=non_negative_int, default=TrainConfig.inner_warmup, metavar="STEPS",
                    help="AdamW steps over which the inner LR ramps up linearly (0: none)")
     g.add_argument("--inner-decay", type=non_negative_int, default=TrainConfig.inner_decay, metavar="STEPS",
@@ -46,12 +53,13 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "LR decays along a cosine to a tenth of --inner-lr (0: constant, the default)")
     g.add_argument("--sync-every", "-H", type=positive_int, default=TrainConfig.sync_every,
                    help="H: inner steps between two exchanges of a fragment")
-    g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments)
+    g.add_argument("--fragments", "-P", type=positive_int, default=TrainConfig.fragments,
+                   help="P: parameter fragments synced on staggered schedules (Streaming DiLoCo); 1 is plain DiLoCo")
     g.add_argument("--fragment-layout", choices=FRAGMENT_LAYOUTS, default=TrainConfig.fragment_layout,
                    help="balanced: fragments of equal parameter counts; strided: layer i in fragment i mod P, as in "
                         "Streaming DiLoCo (needs at least P numbered layers) (default balanced)")
-    g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="tau, in steps")
-    g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="mixing factor on apply")
+    g.add_argument("--overlap", type=non_negative_int, default=TrainConfig.overlap, help="τ: inner steps between a fragment's push and adopting its merge (Streaming DiLoCo's overlap)")
+    g.add_argument("--alpha", type=float, default=TrainConfig.alpha, help="α of --adopt mix: θ ← α·θ + (1−α)·Θ on adoption (0: the global version alone)")
     g.add_argument("--adopt", choices=ADOPT_MODES, default=None,
                    help="how a learner adopts a merged fragment: rebase (θ ← Θ + the steps made since the push, "
                         "which the next push then carries; nothing is thrown away) or mix (θ ← α·θ + (1−α)·Θ; "
@@ -69,15 +77,20 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="on: a learner's clean stop pushes every fragment as its last, and the syncer merges the live "
                         "learners' last pushes together into their token-weighted mean; off: the residual pushes "
                         "merge like any other, weighed by their share of a round (default on)")
-    g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval)
-    g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout)
-    g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout)
+    g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval,
+                   help="seconds of a quiet link after which a learner heartbeats (and a long poll's longest wait)")
+    g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout,
+                   help="seconds without a word from a learner after which the syncer counts it gone")
+    g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout,
+                   help="seconds a learner waits for the syncer's answer before reconnecting")
 
 
 def add_syncer_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("syncer")
-    g.add_argument("--outer-lr", type=positive_float, default=SyncerConfig.outer_lr)
-    g.add_argument("--outer-momentum", type=float, default=SyncerConfig.outer_momentum)
+    g.add_argument("--outer-lr", type=positive_float, default=SyncerConfig.outer_lr,
+                   help="the outer Nesterov step's learning rate (DiLoCo's 0.7)")
+    g.add_argument("--outer-momentum", type=float, default=SyncerConfig.outer_momentum,
+                   help="the outer Nesterov step's momentum in [0, 1) (DiLoCo's 0.9; 0: averaging)")
     g.add_argument("--quorum", "-K", type=non_negative_int, default=SyncerConfig.quorum,
                    help="minimum learners per merge; 0 = every live learner")
     g.add_argument("--grace", type=float, default=SyncerConfig.grace,

@@ -227,6 +227,7 @@ class Learner:
         self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode, defect=self.defect,
                          versions=self.adopted_versions, task=self.cfg.task, corpus=self.facts.get("data"),
                          loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
+                         loss_unit=self.facts.get("loss_unit"),
                          **fields)
 
     def _seeded_or_fetched(self, digest: str) -> dict[str, torch.Tensor] | None:

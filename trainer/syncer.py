@@ -11,6 +11,7 @@ durable writes of a merge) happens outside it where that is safe.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import select
@@ -348,12 +349,10 @@ class Syncer:
         self.durability.commit()
 
     # ----------------------------------------------------------------- lifecycle
-    def start(self) -> tuple[str, int]:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.cfg.host, self.cfg.port))
-        sock.listen(64)
-        sock.settimeout(0.2)
+    def start(self, listener: socket.socket | None = None) -> tuple[str, int]:
+        """Serve on `listener` (bound by `bind_listener` before the state dir was touched),
+        else on a socket bound now."""
+        sock = listener if listener is not None else bind_listener(self.cfg.host, self.cfg.port)
         self._listener = sock
         self.address = sock.getsockname()[:2]
         self._running = True
@@ -1216,11 +1215,39 @@ def write_address_file(path: str | Path, host: str, port: int) -> None:
     atomic_write_json(path, {"host": host, "port": port})
 
 
+class PortInUse(ValueError):
+    """The syncer's address is taken: said before anything is written to the state dir."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The syncer's listening socket; PortInUse (or another OSError's ValueError) naming the
+    address when it cannot be had."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUse(f"port: {host}:{port} is in use by another process; pick another --port "
+                            f"(0 picks a free one)") from None
+        raise ValueError(f"host: cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.settimeout(0.2)
+    return sock
+
+
 def serve(cfg: SyncerConfig, train: TrainConfig, secret: bytes, run_dir: str | None,
           address_file: str | None) -> int:
-    """Run a syncer until SIGTERM or SIGINT, then stop cleanly."""
-    syncer = Syncer(cfg, train, secret, run_dir)
-    host, port = syncer.start()
+    """Run a syncer until SIGTERM or SIGINT, then stop cleanly. The port is bound before the
+    state dir is read or written: a syncer that cannot listen leaves nothing behind."""
+    listener = bind_listener(cfg.host, cfg.port)
+    try:
+        syncer = Syncer(cfg, train, secret, run_dir)
+    except BaseException:
+        listener.close()
+        raise
+    host, port = syncer.start(listener)
     if address_file:
         write_address_file(address_file, host, port)
     print(json.dumps({"syncer": f"{host}:{port}", "mode": train.mode}), flush=True)

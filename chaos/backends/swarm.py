@@ -25,7 +25,6 @@ from __future__ import annotations
 import calendar
 import json
 import os
-import subprocess
 import time
 
 
@@ -34,7 +33,7 @@ from trainer.runspec import RunSpec
 from ..client import ToxiproxyClient
 from .base import UnknownTarget, UnsupportedFault
 from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
-from .compose_cli import ComposeError
+from .compose_cli import ComposeError, run_engine_cli
 from .ranks import split_rank
 from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, dump_stack, render_stack
 
@@ -232,15 +231,12 @@ class SwarmCluster(ComposeCluster):
         self._wait_running(["syncer", *(f"learner-{i}" for i in range(1, self.learners + 1))], START_TIMEOUT)
 
     def _cli(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120.0) -> str:
-        argv = ["docker", *args]
+        """A docker command, waiting for a slow engine (compose_cli.run_engine_cli: retried
+        with backoff when the engine was too slow to answer)."""
         try:
-            done = subprocess.run(argv, cwd=self.compose_file.parent, env={**os.environ, **(env or {})},
-                                  capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired as exc:
-            raise SwarmError(f"`{' '.join(argv)}` did not finish within {timeout:.0f}s") from exc
-        if done.returncode != 0:
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-20:])
-            raise SwarmError(f"`{' '.join(argv)}` exited with {done.returncode}:\n{tail}")
+            done, _ = run_engine_cli(["docker", *args], self.compose_file.parent, env or {}, timeout)
+        except ComposeError as exc:
+            raise SwarmError(str(exc)) from exc
         return done.stdout
 
     def _start_gateway(self) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from faults import Schedule, ScheduleError
-from trainer.argtypes import non_negative_float, non_negative_int, positive_float, positive_int
+from trainer.argtypes import Parser, non_negative_float, non_negative_int, positive_float, positive_int
 
 from .dists import SPEC_FORMS, Dist, Empirical
 from .inputs import ASSUMPTIONS, COMMON, LEARNER_FAILURES, PRESETS, ScaleInputs
@@ -92,7 +92,7 @@ def _help(field: str, extra: str = "") -> str:
 
 # ----------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m chaos simulate-goodput",
         description="Seeded discrete-event goodput simulator: decoupled DiLoCo (the paper's learners, or "
                     "Islands' with --learner-failure kill), elastic and non-elastic data-parallel, under one "

@@ -11,6 +11,8 @@ import sys
 import threading
 from typing import Sequence
 
+from trainer.argtypes import Parser
+
 from trainer.atomic import atomic_write_json
 from trainer.signals import set_on_signal
 
@@ -21,7 +23,7 @@ log = logging.getLogger("chaos.toxiproxy")
 
 
 def build_parser(prog: str = "python -m chaos toxiproxy") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=prog,
         description="Toxiproxy 2.12-compatible TCP proxy server with a chaos HTTP API.",
     )

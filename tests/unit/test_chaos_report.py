@@ -289,3 +289,16 @@ def test_the_report_lists_the_required_checks_and_an_undecided_one(tmp_path: Pat
 def test_a_verdict_from_before_required_checks_still_reports(tmp_path: Path) -> None:
     _, html_path = write_report(make_chaos_run(tmp_path / "run"))
     assert "required checks: not recorded" in html_path.read_text()
+
+
+def test_the_loss_axis_names_the_tasks_unit() -> None:
+    """Issue 26: the report's loss axis said nats/byte for a user's conv net."""
+    from chaos.report import loss_unit
+
+    def start(**fields):
+        return {"kind": "process_start", "role": "learner", "learner": 1, **fields}
+
+    assert loss_unit([start(task="gpt", loss_unit="nats/byte")]) == "nats/byte"
+    assert loss_unit([start(task="conv.py:task")]) == "the task's units"
+    assert loss_unit([start(task="conv.py:task", loss_unit="cross-entropy, nats/image")]) == "cross-entropy, nats/image"
+    assert loss_unit([start(task="gpt")]) == "nats/byte"  # runs from before the task said

@@ -161,3 +161,30 @@ def test_a_project_a_live_run_uses_is_refused_until_that_run_dies(tmp_path: Path
     finally:
         other.kill()
         other.wait(timeout=30)
+
+
+def test_a_compose_command_that_met_a_slow_engine_is_run_again(tmp_path: Path) -> None:
+    """Issue 26, finding 4: at load 19 `docker-compose up -d` hit its 60 s HTTP read timeout
+    and the replay failed before training. Compose now waits longer for each engine call
+    (COMPOSE_HTTP_TIMEOUT) and a command that failed for a slow engine runs again with
+    backoff; a real error is not retried."""
+    from chaos.backends.compose_cli import ComposeError, ComposeProject
+
+    calls = tmp_path / "calls"
+    fake = tmp_path / "fake-compose"
+    fake.write_text("#!/bin/sh\n"
+                    f"echo \"$COMPOSE_HTTP_TIMEOUT $*\" >> {calls}\n"
+                    f"n=$(wc -l < {calls})\n"
+                    "case \"$*\" in *broken*) echo 'no such service: broken' >&2; exit 1;; esac\n"
+                    "if [ \"$n\" -lt 3 ]; then echo \"ERROR: Read timed out. (read timeout=60)\" >&2; exit 1; fi\n"
+                    "echo started\n")
+    fake.chmod(0o755)
+    (tmp_path / "compose.yaml").write_text("services: {}\n")
+    project = ComposeProject([tmp_path / "compose.yaml"], "p", command=[str(fake)])
+    done = project.run("up", "-d", timeout=60)
+    assert done.stdout.strip() == "started" and project.attempts == 3
+    assert all(line.startswith("300 ") for line in calls.read_text().splitlines()), calls.read_text()
+    calls.write_text("x\nx\nx\n")
+    with pytest.raises(ComposeError, match="no such service: broken"):
+        project.run("up", "-d", "broken", timeout=60)
+    assert project.attempts == 1

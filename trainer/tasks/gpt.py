@@ -68,4 +68,5 @@ class GPTTask:
     def describe(self) -> dict:
         """What is known about the data, reported beside the loss."""
         c = self.corpus
-        return {"data": c.name, "loss_floor": c.entropy_rate, "unigram_entropy": c.unigram_entropy}
+        return {"data": c.name, "loss_floor": c.entropy_rate, "unigram_entropy": c.unigram_entropy,
+                "loss_unit": "nats/byte"}
