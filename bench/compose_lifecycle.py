@@ -14,7 +14,6 @@ The goal from issue 5: every container stops in under 2 s.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -29,6 +28,8 @@ sys.path.insert(0, str(ROOT))
 from chaos.backends.compose import ComposeCluster  # noqa: E402
 from chaos.runner import wait_until_training  # noqa: E402
 from trainer.events import read_events  # noqa: E402
+from trainer.argtypes import Parser  # noqa: E402
+from bench.outputs import check_output  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "compose_lifecycle.json"
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
@@ -80,11 +81,14 @@ def one_round(cluster: ComposeCluster, rows: dict[str, list[float]]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of stop and start of every learner, then of the syncer; the table gives "
+                             "medians and maxima over them")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds: must be >= 1, got {args.rounds}")
+    check_output(parser, "the output", OUT)  # written at the end, after the rounds
     rows: dict[str, list[float]] = {k: [] for k in (
         "learner-1 stop (s)", "learner-2 stop (s)", "learner-3 stop (s)", "residual pushes drained (%)",
         "learner start -> first merged push (s)", "syncer stop (s)", "syncer start -> first merge (s)")}

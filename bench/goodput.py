@@ -130,6 +130,8 @@ sys.path.insert(0, str(ROOT))
 
 from faults import Kill, Latency, Partition, Schedule  # noqa: E402
 from trainer.metrics import event_merged_tokens  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
 
 OUT_DIR = ROOT / "bench" / "out"
 SYSTEMS = ("decoupled", "sync", "torchft")
@@ -463,7 +465,7 @@ def eval_config(trainer_args: list[str], learners: int = LEARNERS):
     so torchft's parameters are scored on exactly the held-out windows Islands' are)."""
     from trainer.cli_args import add_common_args, add_syncer_args, add_train_args, train_config
     from trainer.config import TrainConfig
-    parser = argparse.ArgumentParser(prog="goodput")
+    parser = Parser(prog="goodput")
     add_common_args(parser)
     add_train_args(parser)
     add_syncer_args(parser)
@@ -771,7 +773,7 @@ def summarize_runs(paths: list[str], out: Path | None) -> int:
 
 # --------------------------------------------------------------------------- main
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=DescriptionFormatter)
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke run (~3 min): --duration {QUICK['duration']:g}, latency {QUICK['latency_seconds']:g} s")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {', '.join(SYSTEMS)}")
@@ -782,7 +784,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                                                          f"(default {DEFAULTS['latency_seconds']:g})")
     p.add_argument("--kill-mean", type=float, default=KILL_MEAN, help="mean seconds between kills of a learner")
     p.add_argument("--gap-threshold", type=float, default=GAP_THRESHOLD,
-                   help="gaps without a commit longer than this count as global downtime")
+                   help="gaps without a commit longer than this many seconds count as global downtime")
     p.add_argument("--step-time", type=float, default=STEP_TIME,
                    help="seconds per inner step of an emulated accelerator, for every learner of every system "
                         f"(default {STEP_TIME:g}; 0 = bare CPU, the learners competing for the cores)")
@@ -792,7 +794,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--adopt", choices=("mix", "rebase"), default=ADOPT,
                    help=f"Islands decoupled learners' --adopt (default {ADOPT}: a learner keeps the steps it "
                         "made since its push when it adopts the merged version; mix with alpha 0 throws them away)")
-    p.add_argument("--out", default=str(OUT_DIR / "goodput.json"),
+    p.add_argument("--out", type=output_file, default=str(OUT_DIR / "goodput.json"),
                    help="JSON path; the plots goodput-<system>.png go beside it, the runs in goodput-runs/")
     args = p.parse_args(argv)
     preset = QUICK if args.quick else DEFAULTS
@@ -804,6 +806,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if unknown or not systems:
         p.error(f"--systems: unknown {', '.join(unknown) or '(empty)'} (known: {', '.join(SYSTEMS)})")
     args.systems = [s for s in SYSTEMS if s in systems]
+    # Everything written beside --out is checked now, not after the runs (the JSON last).
+    check_output(p, "--out", Path(args.out).parent / "goodput-runs", output_dir)
+    for system in args.systems:
+        check_output(p, "--out", Path(args.out).parent / f"goodput-{system}.png")
     if not args.step_time >= 0:
         p.error(f"--step-time: must be >= 0, got {args.step_time}")
     if args.warm_spares < 0:
@@ -823,7 +829,13 @@ def main(argv: list[str] | None = None) -> int:
             print("usage: goodput.py --median-of RUN.json [RUN.json ...]  (writes bench/out/goodput-median.json)",
                   file=sys.stderr)
             return 2
-        return summarize_runs(argv[1:], OUT_DIR / "goodput-median.json")
+        median = OUT_DIR / "goodput-median.json"
+        try:
+            output_file(median)
+        except argparse.ArgumentTypeError as exc:
+            print(f"--median-of: {exc}", file=sys.stderr)
+            return 2
+        return summarize_runs(argv[1:], median)
     args = parse_args(argv)
     os.environ.setdefault("ISLANDS_HOME", str(OUT_DIR / "work" / "goodput-home"))
     out = Path(args.out)

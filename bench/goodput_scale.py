@@ -73,6 +73,8 @@ sys.path.insert(0, str(ROOT))
 from bench import goodput  # noqa: E402
 from faults import Kill, Latency, Partition, Pause, Schedule  # noqa: E402
 from trainer.metrics import event_merged_tokens  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "goodput_scale.json"
 WRITEUP = {"learners": 32, "duration": 1800.0, "faults": 62, "kills": 27, "kept": 0.977}
@@ -470,8 +472,8 @@ def plot_scale(rows: dict[str, dict], duration: float, learners: int, path: Path
 
 # --------------------------------------------------------------------------- CLI
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="goodput_scale.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="goodput_scale.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=DescriptionFormatter)
     p.add_argument("--quick", action="store_true", help="8 learners, 120 s, the counts scaled down (a smoke run)")
     p.add_argument("--learners", type=int, default=WRITEUP["learners"], help="learners per Islands run (32)")
     p.add_argument("--duration", type=float, default=WRITEUP["duration"], help="seconds under the schedule (1800)")
@@ -488,7 +490,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--gap-threshold", type=float, help="a gap without a merge longer than this is global "
                    "downtime (default: two fault-free rounds, 2 x H x --step-time)")
     p.add_argument("--memory-every", type=float, default=MEMORY_EVERY, help="seconds between memory samples (5)")
-    p.add_argument("--out", default=str(OUT), help="the JSON written (bench/out/goodput_scale.json)")
+    p.add_argument("--out", type=output_file, default=str(OUT),
+                   help="the JSON written; goodput-scale.png and the runs (goodput-scale-runs/) go beside it")
     args = p.parse_args(argv)
     args.counts = dict(COUNTS)
     if args.quick:
@@ -511,6 +514,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')}: must be > 0, got {getattr(args, name)}")
     if args.warm_spares < 0 or args.latency_faults < 0:
         p.error("--warm-spares and --latency-faults: must be >= 0")
+    # What main writes beside --out, checked before the runs.
+    check_output(p, "--out", Path(args.out).parent / "goodput-scale-runs", output_dir)
+    check_output(p, "--out", Path(args.out).parent / "goodput-scale.png")
     return args
 
 

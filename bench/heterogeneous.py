@@ -14,7 +14,6 @@ Prints a table and writes bench/out/heterogeneous.json.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -27,6 +26,8 @@ sys.path.insert(0, str(ROOT))
 from trainer.events import read_events  # noqa: E402
 from trainer.launch import ClusterSpec, LocalCluster  # noqa: E402
 from trainer.runspec import RunSpec  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import output_file  # noqa: E402
 
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 WARMUP = 20
@@ -64,11 +65,15 @@ def run(mode: str, slow_speed: float, slowdown: str, steps: int) -> tuple[float,
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap = Parser(description=__doc__, formatter_class=DescriptionFormatter)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="runs per mode with an even peer and with the slow one, alternated; the medians are reported")
     ap.add_argument("--steps", type=int, default=150, help="measured steps of the fast learner per run")
-    ap.add_argument("--slowdown", choices=("spin", "sleep"), default="spin")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "out" / "heterogeneous.json"))
+    ap.add_argument("--slowdown", choices=("spin", "sleep"), default="spin",
+                    help="how the slow learner (speed 0.25) waits out its extra time: spin keeps its core busy "
+                         "like a slower chip, sleep frees the CPU")
+    ap.add_argument("--out", type=output_file, default=str(ROOT / "bench" / "out" / "heterogeneous.json"),
+                    help="the JSON written: the table's rows and the goal's verdict")
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < 20:
         ap.error("--repeats must be >= 1 and --steps >= 20")

@@ -68,6 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.parity_stats import PairedGap, format_gap, paired_gap  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
 
 OUT_DIR = ROOT / "bench" / "out"
 LOSS_GOAL = 0.01        # the streaming arm's mean loss at most 1% above sync DP's
@@ -433,7 +435,7 @@ def arm_configs(arm: Arm, flags: list[str]):
     """The trainer's own parser turns the arm's flags into its TrainConfig and the syncer argv,
     so the evaluation builds exactly the model the cluster trained."""
     from trainer.cli_args import add_common_args, add_syncer_args, add_train_args, forward_flags, train_config
-    parser = argparse.ArgumentParser(prog=f"parity arm {arm.name}")
+    parser = Parser(prog=f"parity arm {arm.name}")
     add_common_args(parser)
     add_train_args(parser)
     add_syncer_args(parser)
@@ -570,7 +572,7 @@ def plot(results: dict[str, dict], path: Path) -> None:
 # --------------------------------------------------------------------------- main
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     own, passthrough = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(description=__doc__, formatter_class=DescriptionFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="small",
                         help="small (61k parameters, the default) or default (the trainer's 0.83M model)")
     parser.add_argument("--quick", action="store_true",
@@ -588,8 +590,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                                        "(default: streaming)")
     parser.add_argument("--arm-timeout", type=float, default=1800.0, help="seconds one run may train")
     parser.add_argument("--resume", action="store_true", help="reuse finished runs of the same flags")
-    parser.add_argument("--out", default=str(OUT_DIR / "parity.json"), help="JSON path; the plot goes beside it")
-    parser.add_argument("--runs-dir", default=str(OUT_DIR / "parity-runs"))
+    parser.add_argument("--out", type=output_file, default=str(OUT_DIR / "parity.json"),
+                        help="JSON path; the plot (the same name, .png) and the corpora (parity-data/) go beside it")
+    parser.add_argument("--runs-dir", type=output_dir, default=str(OUT_DIR / "parity-runs"),
+                        help="directory of the run directories, MODEL/CORPUS/ARM/seed-N (a run's directory "
+                             "is replaced when it runs again; --resume reads finished ones back)")
     args = parser.parse_args(own)
     preset = MODELS[args.model]
     defaults = QUICK if args.quick else {"learners": preset.learners, "steps": preset.steps,
@@ -599,6 +604,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             setattr(args, key, value)
     if args.learners < 1 or args.steps < 1 or args.seeds < 1:
         parser.error("--learners, --steps and --seeds must be >= 1")
+    # What main writes beside --out, checked before any arm runs.
+    check_output(parser, "--out", Path(args.out).with_suffix(".png"))
+    if any(label in ("docs", "code") for label in args.corpus or CORPORA_DEFAULT):
+        check_output(parser, "--out", Path(args.out).parent / "parity-data", output_dir)
     try:
         check_passthrough(passthrough)
         arms = select_arms(build_arms(args.learners, args.steps, args.sync_every), args.arms)

@@ -14,7 +14,6 @@ bench/out/proxy_throughput.json. The goal is proxy >= 0.5x direct throughput.
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
 import os
@@ -31,6 +30,11 @@ from typing import Any
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.outputs import check_output, output_file  # noqa: E402
+from trainer.argtypes import Parser  # noqa: E402
+
 OUT = ROOT / "bench" / "out" / "proxy_throughput.json"
 BUF = 4 << 20  # application read/write size; --chunk-kib changes it
 PING_SIZE = 1024
@@ -245,14 +249,19 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-mib", type=int, default=64)
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--pings", type=int, default=2000)
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mib", type=int, default=64,
+                        help="MiB moved per upload and per download, on each path")
+    parser.add_argument("--reps", type=int, default=7,
+                        help="uploads and downloads per path, direct and proxied alternated; medians reported")
+    parser.add_argument("--pings", type=int, default=2000,
+                        help="1 KiB request/response round trips timed per path (median and p99 in us)")
     parser.add_argument("--chunk-kib", type=int, default=BUF >> 10,
                         help="client read/write size (default 4096 KiB: the fastest direct path)")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=output_file, default=OUT,
+                        help="the JSON written; the plot goes beside it (the same name, .png)")
     args = parser.parse_args(argv)
+    check_output(parser, "--out", args.out.with_suffix(".png"))
     set_chunk(args.chunk_kib << 10)
     size = args.size_mib << 20
 

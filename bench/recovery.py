@@ -46,6 +46,9 @@ from typing import Iterable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+
 OUT = ROOT / "bench" / "out" / "recovery.json"
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 DETECTION_GOAL = 1.0
@@ -441,13 +444,17 @@ def run_cluster(run_dir: Path, schedule, learners: int, trainer_args: list[str],
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--learners", type=int, default=3)
+    ap = Parser(description=__doc__, formatter_class=DescriptionFormatter)
+    ap.add_argument("--learners", type=int, default=3, help="learners of the cluster, killed round-robin")
     ap.add_argument("--kills", type=int, default=24, help="learner kills in all (>= 20 for the issue's figure)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between two kills (of different learners)")
     ap.add_argument("--down", type=float, default=2.0, help="seconds from a kill to the restart")
-    ap.add_argument("--heartbeat-interval", type=float, default=0.2)
-    ap.add_argument("--heartbeat-timeout", type=float, default=1.0)
+    ap.add_argument("--heartbeat-interval", type=float, default=0.2,
+                    help="the trainer's --heartbeat-interval: seconds of a quiet link after which a learner "
+                         "heartbeats")
+    ap.add_argument("--heartbeat-timeout", type=float, default=1.0,
+                    help="the trainer's --heartbeat-timeout: seconds without a word from a learner after which "
+                         "the syncer counts it gone (the lease)")
     ap.add_argument("--pacing", choices=("adaptive", "fixed"), default="adaptive",
                     help="adaptive (default): kill a learner only once it has rejoined since its last restart, "
                          "at least --interval s after the previous kill; fixed: the schedule as planned "
@@ -460,10 +467,14 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"warm spare processes restarts take (default {WARM_SPARES}; 0: every restart starts "
                          "Python cold and imports torch, which is then most of the rejoin)")
     ap.add_argument("--quick", action="store_true", help="6 kills: proves the script end to end")
-    ap.add_argument("--keep", help="keep the run directory here (default: a temporary one)")
-    ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--png", default=None, help="default: --out with .png")
+    ap.add_argument("--keep", type=output_dir, help="keep the run directory here (default: a temporary one)")
+    ap.add_argument("--out", type=output_file, default=str(OUT),
+                    help="the JSON written: the table's distributions, every kill's row and the start-up reference")
+    ap.add_argument("--png", type=output_file, default=None,
+                    help="the histogram of detection and rejoin times (default: --out with .png)")
     args = ap.parse_args(argv)
+    if args.png is None:
+        check_output(ap, "--out", Path(args.out).with_suffix(".png"))
     if args.warm_spares < 0:
         ap.error(f"--warm-spares: must be >= 0, got {args.warm_spares}")
     if args.quick:

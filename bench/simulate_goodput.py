@@ -16,7 +16,6 @@ Writes bench/out/simulate-goodput.json.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import statistics
@@ -32,6 +31,8 @@ from chaos.simulate.plot import plot_sweep  # noqa: E402
 from chaos.simulate.runfile import load_run, measured_pace, measured_restarts, run_inputs  # noqa: E402
 from chaos.simulate.sweep import sensitivity, sweep  # noqa: E402
 from chaos.simulate.tables import grid, pct, sensitivity_table, sweep_table  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import output_file  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "simulate-goodput.json"
 PNG = ROOT / "docs" / "benchmarks" / "goodput-vs-chips.png"
@@ -115,11 +116,12 @@ def run_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=DescriptionFormatter)
     ap.add_argument("--runs", nargs="*", default=None, help="bench/goodput.py JSONs (default: those under bench/out)")
     ap.add_argument("--repeats", type=int, default=8, help="seeds averaged per schedule prediction (default 8)")
-    ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--png", type=Path, default=PNG)
+    ap.add_argument("--out", type=output_file, default=OUT,
+                    help="the JSON written: every table's figures (paper, presets, sensitivity, sweep, runs)")
+    ap.add_argument("--png", type=output_file, default=PNG, help="the plot of simulated goodput against chips")
     args = ap.parse_args(argv)
     started = time.monotonic()
 

@@ -38,6 +38,8 @@ from chaos.runner import evaluate_run, wait_until_training  # noqa: E402
 from faults import Kill, Partition, Schedule  # noqa: E402
 from trainer.events import read_events  # noqa: E402
 from trainer.runspec import RunSpec  # noqa: E402
+from trainer.argtypes import Parser  # noqa: E402
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
 
 NODES_SCRIPT = REPO / "bench" / "swarm_nodes.py"
 NODES_JSON = REPO / "runs" / "swarm-nodes.json"
@@ -152,15 +154,18 @@ class NodeFailure(threading.Thread):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=3)
-    parser.add_argument("--learners", type=int, default=4)
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=3,
+                        help="Docker-in-Docker nodes to make (node 1 the manager and the syncer's; at least 3)")
+    parser.add_argument("--learners", type=int, default=4, help="learners of the swarm stack")
     parser.add_argument("--reuse-nodes", action="store_true", help="use the nodes of an earlier swarm_nodes.py up")
     parser.add_argument("--keep-nodes", action="store_true", help="leave the nodes up at the end")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "swarm_multinode.json")
+    parser.add_argument("--out", type=output_file, default=REPO / "bench" / "out" / "swarm_multinode.json",
+                        help="the JSON written: nodes, placement, faults, node-failure timings and the checks")
     args = parser.parse_args(argv)
     if args.nodes < 3:
         parser.error("--nodes: at least 3 (the syncer's node, a node to kill on, a node to fail)")
+    check_output(parser, "the run directory", REPO / "runs", output_dir)  # runs/swarm-multinode-<time>/
 
     started = time.monotonic()
     nodes, figures = bring_up(args)

@@ -44,6 +44,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench.outputs import check_output, output_file  # noqa: E402
+from trainer.argtypes import Parser  # noqa: E402
+
 NODE_IMAGE = "islands-node:bookworm"
 NETWORK = "islands-node-net"
 PREFIX = "islands-node"
@@ -611,13 +616,15 @@ def cmd_check(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse the subcommand, run it, print its JSON result; a Fail is one line on stderr."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = Parser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("image", help="build islands-node:bookworm offline (debootstrap + docker import)")
-    s.add_argument("--rebuild", action="store_true")
+    s.add_argument("--rebuild", action="store_true", help=f"build {NODE_IMAGE} again even if it is present")
     s.set_defaults(fn=cmd_image)
     s = sub.add_parser("up", help="network, nodes, images, swarm, labels")
-    s.add_argument("--nodes", type=int, default=3)
+    s.add_argument("--nodes", type=int, default=3,
+                   help=f"nodes to start, {PREFIX}-1..N (node 1 the manager and the syncer's, the rest workers "
+                        "for learners)")
     s.add_argument("--share", action="append", help="dir bind-mounted at the same path in every node "
                    "(repeatable; default the repo root)")
     s.add_argument("--image", action="append", help="image to load into every node (repeatable; "
@@ -628,27 +635,36 @@ def main(argv: list[str] | None = None) -> int:
                    help="node security: --privileged, or all caps but SYS_RESOURCE (auto: privileged "
                    "when the capability bounding set allows it)")
     s.add_argument("--timeout", type=float, default=90, help="bound on each wait, seconds")
-    s.add_argument("--out", default=str(DEFAULT_OUT))
+    s.add_argument("--out", type=output_file, default=str(DEFAULT_OUT),
+                   help="the JSON written: the manager's engine, every node (name, IP, role, labels) and the "
+                        "timings; `check` and bench/swarm_multinode.py read it")
     s.set_defaults(fn=cmd_up)
     s = sub.add_parser("down", help="remove nodes, volumes, network (idempotent)")
     s.set_defaults(fn=cmd_down)
     for name, fn, h in (("fail", cmd_fail, "power-cut a node (docker kill)"),
                         ("recover", cmd_recover, "power a failed node back on (docker start)")):
         s = sub.add_parser(name, help=h)
-        s.add_argument("node")
-        s.add_argument("--timeout", type=float, default=90)
+        s.add_argument("node", help=f"the node's container name, {PREFIX}-N")
+        s.add_argument("--timeout", type=float, default=90,
+                       help="bound on each wait, seconds" if name == "recover" else
+                       "not used by fail (it waits for nothing); accepted like recover's")
         s.set_defaults(fn=fn)
-    s = sub.add_parser("check", help="throwaway stack: placement, overlay, bind mount, node failover")
-    s.add_argument("--victim", default=f"{PREFIX}-3")
+    check = s = sub.add_parser("check", help="throwaway stack: placement, overlay, bind mount, node failover")
+    s.add_argument("--victim", default=f"{PREFIX}-3",
+                   help="the worker node powered off (docker kill) to time detection and reschedule")
     s.add_argument("--check-image", default="islands-base:bookworm", help="image of the test services "
                    "(needs python3; loaded into the nodes if missing)")
-    s.add_argument("--endpoint-mode", default="dnsrr", choices=["vip", "dnsrr"])
-    s.add_argument("--timeout", type=float, default=120)
+    s.add_argument("--endpoint-mode", default="dnsrr", choices=["vip", "dnsrr"],
+                   help="the test services' deploy endpoint_mode: vip (a virtual IP) or dnsrr (DNS round robin)")
+    s.add_argument("--timeout", type=float, default=120, help="bound on each wait, seconds")
     s.add_argument("--keep", action="store_true", help="leave the stack deployed")
     s.add_argument("--heartbeat", help="docker swarm update --dispatcher-heartbeat first (e.g. 1s)")
-    s.add_argument("--out", default=str(DEFAULT_OUT), help="the JSON `up` wrote")
+    s.add_argument("--out", default=str(DEFAULT_OUT),
+                   help="the JSON `up` wrote (read); the result goes beside it, swarm-nodes-check.json")
     s.set_defaults(fn=cmd_check)
     args = p.parse_args(argv)
+    if args.cmd == "check":  # its result is written at the end: check it can be, first
+        check_output(check, "--out", Path(args.out).with_name("swarm-nodes-check.json"))
     try:
         print(json.dumps(args.fn(args), indent=2))
     except Fail as e:

@@ -49,6 +49,9 @@ from typing import Iterable
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.outputs import check_output, output_dir, output_file  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+
 OUT = ROOT / "bench" / "out" / "syncer_scaling.json"
 SIZES = {
     "small": ["--n-layer", "1", "--n-embd", "32", "--n-head", "2"],
@@ -481,22 +484,32 @@ def plot(points: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(description=__doc__, formatter_class=DescriptionFormatter)
     ap.add_argument("--ns", default="1,2,4,8,16,32,64", help="learner counts, comma-separated")
     ap.add_argument("--sizes", default="small,default", help=f"model sizes among {', '.join(SIZES)}")
     ap.add_argument("--rounds", type=int, default=5, help="measured rounds per point")
     ap.add_argument("--warmup", type=int, default=1, help="rounds not counted")
-    ap.add_argument("--encoding", default="fp32")
+    ap.add_argument("--encoding", default="fp32",
+                    help="the syncer's --encoding, which its WELCOME hands the pushers: how each pushed "
+                         "pseudo-gradient is encoded (fp32, bf16, int8, int4, e3m0)")
     ap.add_argument("--grace", type=float, default=60.0, help="syncer --grace: large, so merges wait for all N")
-    ap.add_argument("--heartbeat-interval", type=float, default=0.2)
-    ap.add_argument("--heartbeat-timeout", type=float, default=10.0)
-    ap.add_argument("--request-timeout", type=float, default=60.0)
+    ap.add_argument("--heartbeat-interval", type=float, default=0.2,
+                    help="seconds between an idle pusher's heartbeats (also the syncer's --heartbeat-interval)")
+    ap.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                    help="syncer --heartbeat-timeout, seconds: large, so a pusher delayed by this process's GIL "
+                         "is not declared dead")
+    ap.add_argument("--request-timeout", type=float, default=60.0,
+                    help="seconds a pusher waits for the syncer's answer before it reconnects")
     ap.add_argument("--no-pull", action="store_true", help="pushers do not PULL the merged fragment")
     ap.add_argument("--quick", action="store_true", help="N in 1,2,4,8 and 2 rounds: proves the script end to end")
-    ap.add_argument("--keep", help="copy each point's syncer log and events under this directory")
-    ap.add_argument("--out", default=str(OUT))
-    ap.add_argument("--png", default=None, help="default: --out with .png")
+    ap.add_argument("--keep", type=output_dir, help="copy each point's syncer log and events under this directory")
+    ap.add_argument("--out", type=output_file, default=str(OUT),
+                    help="the JSON written: the table's points, the raw merges and the flags")
+    ap.add_argument("--png", type=output_file, default=None,
+                    help="the plot of merge time and memory against N (default: --out with .png)")
     args = ap.parse_args(argv)
+    if args.png is None:
+        check_output(ap, "--out", Path(args.out).with_suffix(".png"))
     try:
         ns, sizes = parse_ns(args.ns), parse_sizes(args.sizes)
     except ValueError as exc:

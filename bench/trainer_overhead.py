@@ -12,7 +12,6 @@ Runs alternate (bare, learner, bare, learner, ...) and each figure is the median
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -33,6 +32,8 @@ from trainer.runspec import RunSpec  # noqa: E402
 from trainer.metrics import summarize  # noqa: E402
 from trainer.model import build_model  # noqa: E402
 from trainer.sync_state import make_inner_optimizer  # noqa: E402
+from trainer.argtypes import Parser, DescriptionFormatter  # noqa: E402
+from bench.outputs import output_file  # noqa: E402
 
 
 def bare_loop(steps: int, threads: int) -> float:
@@ -90,12 +91,17 @@ def bytes_per_token(mode: str, seconds: float) -> dict:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--mode-seconds", type=float, default=25.0)
-    parser.add_argument("--out", default=str(ROOT / "bench" / "out" / "trainer_overhead.json"))
+    parser = Parser(description=__doc__, formatter_class=DescriptionFormatter)
+    parser.add_argument("--steps", type=int, default=200,
+                        help="inner steps timed per run, of the bare loop and of the learner (after 5 of warm-up)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads of the bare loop and of the learner (its --threads)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="bare and learner runs, alternated; each figure is their median")
+    parser.add_argument("--mode-seconds", type=float, default=25.0,
+                        help="seconds each 2-learner cluster (decoupled, then sync) trains for the bytes per token")
+    parser.add_argument("--out", type=output_file, default=str(ROOT / "bench" / "out" / "trainer_overhead.json"),
+                        help="the JSON written: throughputs of every run, their ratio and the bytes per token")
     args = parser.parse_args()
 
     bare, learner = [], []

@@ -25,6 +25,9 @@ def print_verdicts(result) -> None:
     print(f"  {describe_required(result.document)}")
     for v in result.verdicts:
         print(f"  {v.status.upper():<7} {v.name:<{width}}  {v.detail}")
+        if v.name == "faults_applied":
+            for line in timing_lines(v.evidence):
+                print(f"  {'':<7} {'':<{width}}    {line}")
     s = result.summary
     if "goodput" in s:
         print(f"  goodput {s['goodput']:.1%}, {s['merges']} merges / {s['sync_rounds']} sync rounds, "
@@ -37,6 +40,21 @@ def print_verdicts(result) -> None:
                  if isinstance(s.get(k), float)]
         facts += [f"held-out {k} {v:.4f}" for k, v in (s.get("metrics") or {}).items()]
         print(f"  final held-out loss {s['final_loss']:.4f}" + (f" ({', '.join(facts)})" if facts else ""))
+
+
+def timing_lines(evidence: dict) -> list[str]:
+    """faults_applied's per-fault timing, one line each: planned, in force, how far off."""
+    out = []
+    for row in evidence.get("timing") or []:
+        planned, in_force = row["planned"], row["in_force"]
+        end = "down" if planned[1] is None else f"{planned[1]:g}"
+        until = "heal" if in_force[1] is None else f"{in_force[1]:.2f}"
+        short = "" if row.get("shortfall") is None else f", {max(row['shortfall'], 0.0):.3f} s short"
+        shifted = (f", shifted {row['waited_for']['shifted_by']:.2f} s past faults[{row['waited_for']['fault']}]"
+                   if (row.get("waited_for") or {}).get("shifted_by") else "")
+        out.append(f"faults[{row['fault']}] {row['kind']} {', '.join(row['targets'])}: planned {planned[0]:g}-{end} s, "
+                   f"in force {in_force[0]:.2f}-{until} s ({row['start_late']:.3f} s late{short}{shifted})")
+    return out
 
 
 def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

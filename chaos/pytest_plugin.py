@@ -716,7 +716,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             why = f"{report.when}: {crash.message.splitlines()[0]}" if crash and crash.message else report.when
             command = write_artifacts(item.config, item.nodeid, record, why=why)
             if command:
-                report.sections.append((SECTION, command))
+                shown = _display_path(item.config, record.artifacts)
+                report.sections.append((SECTION, f"python -m chaos replay {shlex.quote(str(shown))}\n"
+                                                 f"  (or on a fresh cluster, the same flags: {command})"))
             else:
                 shown = _display_path(item.config, record.artifacts)
                 report.sections.append((SECTION, f"nothing to replay (no schedule ran); traces in {shown}"))
@@ -766,4 +768,5 @@ class ReplaySummary:
         terminalreporter.section(SECTION)
         for nodeid, content in self.replays:
             terminalreporter.write_line(nodeid)
-            terminalreporter.write_line(f"  {content}")
+            for line in content.splitlines():
+                terminalreporter.write_line(f"  {line}")

@@ -16,7 +16,6 @@ same syncer and must get its pushes merged. The syncer's RSS is sampled througho
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -37,6 +36,8 @@ import torch
 from trainer import wire
 from trainer.codec import ENCODINGS, encode
 from trainer.events import iter_file
+from trainer.argtypes import Parser
+from bench.outputs import output_file
 
 MODEL_FLAGS = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "8", "--batch-size", "4",
                "--sync-every", "4", "--heartbeat-timeout", "30", "--heartbeat-interval", "1"]
@@ -389,11 +390,15 @@ def flood(idle: int = 300, claiming: int = 16, workdir: Path | None = None) -> d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m fuzz.live", description=__doc__.split("\n\n")[0])
-    p.add_argument("--frames", type=int, default=100_000)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path)
+    p = Parser(prog="python -m fuzz.live", description=__doc__.split("\n\n")[0])
+    p.add_argument("--frames", type=int, default=100_000,
+                   help="mutated units to send in all, shared by the workers (each unit is one frame or connection)")
+    p.add_argument("--workers", type=int, default=4,
+                   help="client threads sending at once; worker i signs as learner i + 2 (learner 1 is the real one)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the mutations (worker i draws from seed x 1000 + i)")
+    p.add_argument("--json", type=output_file,
+                   help="write the result here: the tallies, the syncer's counters, RSS and the merged pushes")
     args = p.parse_args(argv)
     result = run(args.frames, args.workers, args.seed)
     rows = [("frames", result["frames"]), ("signed / unsigned", f"{result['signed']} / {result['unsigned']}"),

@@ -14,7 +14,6 @@ expect) leaves its input in the scratch directory and fails the run.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import re
@@ -24,6 +23,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from trainer.argtypes import Parser
+from bench.outputs import output_file
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "fuzz" / "corpus"
@@ -96,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--child"]:
         child(argv[1], argv[3:] if argv[2:3] == ["--"] else argv[2:])
         return 0
-    p = argparse.ArgumentParser(prog="python -m fuzz.run", description=__doc__.split("\n\n")[0])
-    p.add_argument("targets", nargs="*", help=f"default: all of {', '.join(targets())}")
+    p = Parser(prog="python -m fuzz.run", description=__doc__.split("\n\n")[0])
+    p.add_argument("targets", nargs="*", help=f"targets to fuzz, by name (default: all of {', '.join(targets())})")
     p.add_argument("--runs", type=int, default=None, help="executions per target (default: until --seconds)")
     p.add_argument("--seconds", type=int, default=20, help="time budget per target (default 20)")
-    p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument("--json", type=output_file, help="write the rows here (one per target: executions, coverage, crashes)")
     p.add_argument("--grow-corpus", action="store_true", help="keep new interesting inputs in fuzz/corpus/")
     args = p.parse_args(argv)
     unknown = sorted(set(args.targets) - set(targets()))

@@ -240,6 +240,7 @@ def test_failing_chaos_marker_writes_artifacts_and_prints_the_replay_command(pyt
     command = (f"python -m chaos run {dest / 'schedule.yaml'} --backend local --learners 2 -- --grace 1")
     assert command in out
     assert "islands chaos replay" in out
+    assert f"python -m chaos replay {dest}" in out  # what the README says a failing test prints
     assert "self_heal" in out and "learner-1 never came back" in out
     assert str(dest) in out
     assert command in (dest / "REPLAY.txt").read_text()
