@@ -174,7 +174,8 @@ class Controller:
         retry until the fault's planned end (past it, it would be in force for nothing); a
         stop's for STOP_DEADLINE s, since a fault left in force spoils the rest of the run."""
         started = self.clock()
-        budget = (t0 + event.fault.end - started) if event.action == "start" else STOP_DEADLINE
+        shift = float((waited or {}).get("shifted_by") or 0.0)
+        budget = (t0 + event.fault.end + shift - started) if event.action == "start" else STOP_DEADLINE
         try:
             nemesis = nemesis_for(event.fault)  # an unknown kind is recorded like any failed action
             with self._api_deadline(budget):
