@@ -100,6 +100,14 @@ def test_a_task_written_from_the_contract_trains(tmp_path: Path) -> None:
     # Untrained ≈ ln 2 = 0.69; a trained model reaches ~0.05. Half-way is safe on a loaded machine.
     assert summary["final_loss"] < 0.5 * untrained, (summary["final_loss"], untrained)
     assert summary["metrics"]["accuracy"] > 0.8
+    # Issue 26, finding 5: a fast task's steps outrun the syncer's round trip, and the old
+    # defaults (--adopt mix, a heartbeat-paced adoption) threw most of them away. With the
+    # defaults every processed token is merged or still on its way at the stop.
+    fates, processed = summary["token_fates"], summary["tokens_processed"]
+    assert fates["discarded_at_adoption"] == 0, fates
+    assert fates["merged"] >= 0.9 * processed, (fates, processed)
+    assert abs(sum(fates.values()) - processed) <= 0.01 * processed, (fates, processed)
+    assert summary["push_round_trip_seconds"] is not None and summary["goodput"] >= summary["goodput_solo"]
 
 
 def test_the_readme_example_passes_the_preflight(tmp_path: Path) -> None:
