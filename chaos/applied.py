@@ -133,7 +133,7 @@ class Timing:
     planned: tuple[float, float | None]      # (at, at + duration), shifted by any wait; None: a kill left down
     in_force: tuple[float, float | None]     # surely in force from, until (None: until the final heal)
     start_late: float                        # in force this long after planned (its start's wait and work)
-    stop_late: float | None                  # its stop issued this long after planned
+    stop_late: float | None                  # over this long after planned (a kill: its restart issued)
     shortfall: float | None                  # planned duration − the time in force (negative: longer)
     waited_for: dict | None = None           # the fault on the same thing it had to wait for (and the shift)
     problems: tuple[str, ...] = field(default_factory=tuple)
@@ -178,8 +178,12 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
         stop = stops.get(h["index"])
         until = stop_late = shortfall = None
         if stop is not None:
-            until = _done(stop) if h.get("kind") == "kill" else float(stop["at"])
-            stop_late = float(stop["at"]) - planned_end if planned_end is not None else None
+            kill = h.get("kind") == "kill"
+            until = _done(stop) if kill else float(stop["at"])
+            # Over when its stop returned (a toxic removed, a process resumed), or for a kill
+            # when its restart was issued: the restart's own start-up is the kill's recovery.
+            over = float(stop["at"]) if kill else _done(stop)
+            stop_late = over - planned_end if planned_end is not None else None
             shortfall = duration - (until - began)
         problems = []
         if began - at > tolerance:
@@ -193,12 +197,21 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
     return out
 
 
+# A link fault's start or stop is a few calls to the proxy's API (one per toxic): a run
+# whose API answers slowly (a loaded machine) gets this many of its measured round trips.
+TOLERANCE_ROUND_TRIPS = 5
+
+
 def tolerance_of(history: list[dict]) -> float:
-    """The tolerance the run's backend declared (the history's `begin`), else the default."""
+    """The tolerance the run's backend declared (the history's `begin`, else the default),
+    and never less than TOLERANCE_ROUND_TRIPS round trips of the proxy API as the run measured
+    it at its start (`begin`'s `api`): the time an action really takes on the machine."""
     for h in history:
         if h.get("event") == "begin":
             value = _num(h.get("tolerance"))
-            return value if value is not None and value > 0 else DEFAULT_TOLERANCE
+            declared = value if value is not None and value > 0 else DEFAULT_TOLERANCE
+            rtt = _num((h.get("api") or {}).get("round_trip")) or 0.0
+            return round(max(declared, TOLERANCE_ROUND_TRIPS * rtt), 3)
     return DEFAULT_TOLERANCE
 
 

@@ -38,6 +38,9 @@ MIN_CALL_TIMEOUT = 2.0
 STOP_DEADLINE = 60.0
 HEAL_DEADLINE = 120.0
 SIGNAL_HEAL_DEADLINE = 10.0  # ^C: heal promptly, the user is waiting
+# How long a stopped run waits for a worker inside an action to finish it: the longest
+# action is a restart waiting for its process to listen (chaos/backends/local.py START_TIMEOUT).
+WORKER_JOIN_SECONDS = 95.0
 
 
 class Interrupted(Exception):
@@ -190,7 +193,7 @@ class Controller:
                                    at=round(started - t0, 4), took=round(self.clock() - started, 4),
                                    did=did, ok=ok, error=error, **extra)
 
-    def _fault_worker(self, index: int, fault: Any, t0: float, before: int | None,
+    def _fault_worker(self, index: int, fault: Any, t0: float, before: list[int],
                       done: dict[int, threading.Event], entries: list[dict]) -> None:
         """One fault: start it when due (once the fault before it on the same thing is
         over), stop it when due. Stops regardless of the start's outcome: a start that
@@ -198,13 +201,16 @@ class Controller:
         try:
             self._wait_until(t0 + fault.at)
             waited, shift = None, 0.0
-            if before is not None and not done[before].is_set():
+            pending = [i for i in before if not done[i].is_set()]
+            if pending:
                 since = self.clock()
-                self._wait_for(done[before])
-                # The fault before it on the same target still held it (a restart is slow):
-                # this one starts once that is over, and keeps its whole duration.
+                for i in pending:
+                    self._wait_for(done[i])
+                # A fault before it on the same target still held it (a restart is slow):
+                # this one starts once those are over, and keeps its whole duration.
                 shift = max(0.0, self.clock() - (t0 + fault.at))
-                waited = {"fault": before, "seconds": round(self.clock() - since, 4), "shifted_by": round(shift, 4)}
+                waited = {"fault": pending[-1], "faults": pending, "seconds": round(self.clock() - since, 4),
+                          "shifted_by": round(shift, 4)}
             starting = self.apply(Event(fault.at, "start", index, fault), t0, waited)
             with self._lock:
                 entries.append(starting)
@@ -228,7 +234,7 @@ class Controller:
         before = self.schedule.predecessors()
         done = {i: threading.Event() for i in range(len(faults))}
         entries: list[dict] = []
-        workers = [threading.Thread(target=self._fault_worker, args=(i, f, t0, before.get(i), done, entries),
+        workers = [threading.Thread(target=self._fault_worker, args=(i, f, t0, before.get(i, []), done, entries),
                                     name=f"chaos-fault-{i}", daemon=True) for i, f in enumerate(faults)]
         for worker in workers:
             worker.start()
@@ -236,6 +242,11 @@ class Controller:
             for i in range(len(faults)):
                 self._wait_for(done[i])
         finally:
+            # Stopped early (a signal, a worker's crash): the workers still inside an action
+            # finish it before anything heals or stops the cluster, which would otherwise race
+            # a restart in flight (a syncer started after the cluster stopped, left running).
+            for worker in workers:
+                worker.join(timeout=WORKER_JOIN_SECONDS)
             if self._crashed is not None:
                 raise self._crashed
         with self._lock:
@@ -291,9 +302,9 @@ class Controller:
         planned = t0 + duration
         if not entries:
             return planned
-        last = max(entries, key=lambda e: (e["planned"], e["t"]))
+        last = max(entries, key=lambda e: (e["planned"], e["at"]))
         tail = max(0.0, duration - last["planned"])
-        finished = max(e["t"] for e in entries)
+        finished = t0 + max(e["at"] + e["took"] for e in entries)  # on the controller's own clock
         end = max(planned, finished + tail)
         if end > planned + 0.5:
             self.history.record(event="tail", planned_end=round(duration, 3), extended_by=round(end - planned, 3),

@@ -87,13 +87,15 @@ class SparePool:
 
     def close(self, timeout: float = 10.0) -> None:
         """Kill the idle spares (they hold nothing) and reap them."""
-        self.closed = True
-        for popen in self.idle:
+        with self._lock:  # no refill can start one after this
+            self.closed = True
+            idle, self.idle = self.idle, []
+        for popen in idle:
             try:
                 os.killpg(popen.pid, 9)
             except (ProcessLookupError, PermissionError):
                 pass
-        for popen in self.idle:
+        for popen in idle:
             try:
                 popen.stdin.close()
             except OSError:
@@ -102,7 +104,6 @@ class SparePool:
                 popen.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
                 pass
-        self.idle = []
 
 
 def start_spares(python: str, env: dict[str, str], preload: list[str], log_dir: Path, size: int,

@@ -479,16 +479,17 @@ class Schedule:
         """The same schedule with faults ordered by ``at`` (stable for ties)."""
         return replace(self, faults=tuple(sorted(self.faults, key=lambda f: f.at)))
 
-    def predecessors(self) -> dict[int, int]:
-        """Fault index -> the index of the latest earlier fault on the same thing (``contend``):
-        the controller starts a fault only once that one is over, and any other fault at once."""
+    def predecessors(self) -> dict[int, list[int]]:
+        """Fault index -> every earlier fault on the same thing (``contend``), in start order:
+        the controller starts a fault only once those are over, and any other fault at once.
+        Every one, not only the latest: contention is not transitive (a partition of
+        learner-1 and learner-2 after one of each, a unit after one of its ranks)."""
         order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].at, i))
-        out: dict[int, int] = {}
+        out: dict[int, list[int]] = {}
         for x, j in enumerate(order):
-            for i in reversed(order[:x]):
-                if contend(self.faults[i], self.faults[j]):
-                    out[j] = i
-                    break
+            earlier = [i for i in order[:x] if contend(self.faults[i], self.faults[j])]
+            if earlier:
+                out[j] = earlier
         return out
 
     def events(self) -> list[Event]:

@@ -127,7 +127,13 @@ class Parser(argparse.ArgumentParser):
         return action
 
     def add_argument_group(self, *args, **kwargs):
-        group = super().add_argument_group(*args, **kwargs)
+        return self._checked(super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, *args, **kwargs):
+        return self._checked(super().add_mutually_exclusive_group(*args, **kwargs))
+
+    def _checked(self, group):
+        """`group`, whose flags are refused without help text as the parser's own are."""
         original = group.add_argument
 
         def add_argument(*a, **k):

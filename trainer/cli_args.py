@@ -64,7 +64,7 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                    help="how a learner adopts a merged fragment: rebase (θ ← Θ + the steps made since the push, "
                         "which the next push then carries; nothing is thrown away) or mix (θ ← α·θ + (1−α)·Θ; "
                         "with α = 0 the steps made since the push are thrown away) (default rebase; mix when "
-                        "--alpha is given)")
+                        "--alpha is not 0)")
     g.add_argument("--encoding", choices=ENCODINGS, default=TrainConfig.encoding,
                    help="pseudo-gradients pushed to the syncer (default fp32)")
     g.add_argument("--pull-encoding", choices=PULL_ENCODINGS, default=TrainConfig.pull_encoding,
@@ -78,7 +78,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "learners' last pushes together into their token-weighted mean; off: the residual pushes "
                         "merge like any other, weighed by their share of a round (default on)")
     g.add_argument("--heartbeat-interval", type=positive_float, default=TrainConfig.heartbeat_interval,
-                   help="seconds of a quiet link after which a learner heartbeats (and a long poll's longest wait)")
+                   help="seconds of a quiet link after which a learner heartbeats (and the longest a long poll "
+                        "waits, at most 1 s)")
     g.add_argument("--heartbeat-timeout", type=positive_float, default=TrainConfig.heartbeat_timeout,
                    help="seconds without a word from a learner after which the syncer counts it gone")
     g.add_argument("--request-timeout", type=positive_float, default=TrainConfig.request_timeout,

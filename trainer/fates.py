@@ -34,18 +34,33 @@ def _fragment_shares(events: list[dict]) -> dict[int, float]:
     return {f: shares.get(f, 1.0 / fragments) for f in range(max(fragments, len(shares)))}
 
 
+def _incarnation_of(push_id: str) -> tuple[int | None, int | None]:
+    """(learner, incarnation) of a push id `learner:incarnation:seq`."""
+    parts = str(push_id).split(":")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None, None
+
+
 def token_fates(events: list[dict]) -> dict[str, float]:
     """The processed tokens of a decoupled run by what became of them (TOKEN_FATES), each
     fragment's part weighted by its share of the parameters as goodput weighs merges; the
-    fates add up to the tokens processed (within the rounding of coalesced pushes)."""
+    fates add up to the tokens processed (within the rounding of coalesced pushes).
+
+    A push counts once, by id, from whichever side saw it: the learner's answer, the
+    syncer's acceptance or a merge. A learner killed before its acknowledgement came back
+    never logged the push its syncer merged; counted from the learner's side alone, those
+    tokens were both merged and lost."""
     shares = _fragment_shares(events)
     out = dict.fromkeys(TOKEN_FATES, 0.0)
-    merged_ids = {c["id"] for e in events if e["kind"] == "merge" for c in e["contributors"]}
     out["merged"] = merged_tokens(events)
     processed: dict[tuple, float] = defaultdict(float)   # (learner, incarnation) -> tokens
     accounted: dict[tuple, float] = defaultdict(float)   # ... pushed, discarded or dropped, share-weighted
     stopped: set[tuple] = set()                          # incarnations that stopped cleanly
-    seen: set[str] = set()
+    acked: dict[str, tuple[tuple, float]] = {}           # push id -> ((learner, incarnation), share-weighted tokens)
+    merged: set[str] = set()
+    answered: dict[str, tuple[tuple, str, float]] = {}   # push id -> (key, stale | refused, tokens)
     for e in events:
         key = (e.get("learner"), e.get("incarnation"))
         kind = e["kind"]
@@ -57,22 +72,28 @@ def token_fates(events: list[dict]) -> dict[str, float]:
             part = float(e.get("discarded_tokens") or 0.0) * shares.get(int(e["fragment"]), 0.0)
             out["discarded_at_adoption"] += part
             accounted[key] += part
-        elif kind == "push" and e.get("id") not in seen:
-            status, part = e.get("status"), float(e.get("tokens") or 0.0) * shares.get(int(e.get("fragment", 0)), 0.0)
-            fate = {"stale": "dropped_stale", "refused": "refused"}.get(status)
-            if status in ("accepted", "duplicate"):
-                seen.add(e["id"])
-                if e["id"] not in merged_ids:
-                    out["acknowledged_unmerged"] += part
-            elif fate is not None:
-                out[fate] += part
-            else:
-                continue
+        elif kind == "merge":
+            share = shares.get(int(e["fragment"]), 0.0)
+            for c in e["contributors"]:
+                merged.add(c["id"])
+                acked.setdefault(c["id"], (_incarnation_of(c["id"]), float(c.get("tokens") or 0.0) * share))
+        elif (kind == "push" and e.get("status") in ("accepted", "duplicate")) or kind == "push_accepted":
+            part = float(e.get("tokens") or 0.0) * shares.get(int(e.get("fragment", 0)), 0.0)
+            acked.setdefault(e["id"], (_incarnation_of(e["id"]), part))
+        elif kind == "push" and e.get("status") in ("stale", "refused"):
+            part = float(e.get("tokens") or 0.0) * shares.get(int(e.get("fragment", 0)), 0.0)
+            answered.setdefault(e["id"], (key, "dropped_stale" if e["status"] == "stale" else "refused", part))
+    for ident, (key, part) in acked.items():
+        accounted[key] += part
+        if ident not in merged:
+            out["acknowledged_unmerged"] += part
+    for ident, (key, fate, part) in answered.items():
+        if ident not in acked:
+            out[fate] += part
             accounted[key] += part
     for key, tokens in processed.items():
         out["unpushed_at_stop" if key in stopped else "lost_to_faults"] += max(0.0, tokens - accounted[key])
     return {k: round(v, 1) for k, v in out.items()}
-
 
 
 def round_trips(events: list[dict]) -> list[float]:

@@ -41,7 +41,7 @@ from .device import autocast, resolve_device
 from .events import EventLog
 from .fragments import FragmentClock
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
-from .protocol import FrameFault, Reason
+from .protocol import MAX_POLL_MS, FrameFault, Reason
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
 from .cpuwait import CpuWait
@@ -52,6 +52,7 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
+POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
 TASK_EXIT = 4  # the user's task failed mid-run (an exception, a NaN loss): restarted with backoff
 
 
@@ -154,6 +155,11 @@ class Learner:
         self.facts: dict = {}
         self.defect = defects.learner_active()  # a deliberate bug, for proving the checks (trainer/defects.py)
         self.cpu_wait = CpuWait()  # read on the inner loop's thread: its own wait for a CPU
+        # The CPU is this learner's accelerator: one torch thread computes on the inner loop's own.
+        self.cpu_bound = self.device.type == "cpu" and opts.threads == 1
+        self.cpu_s = 0.0
+        self._cpu_mark = 0.0
+        self.step_seconds: float | None = None  # the inner loop's pace, for how long a long poll may wait
 
     # ----------------------------------------------------------------- setup
     def _welcome(self) -> wire.Frame:
@@ -260,6 +266,7 @@ class Learner:
         batch = move_batch(next(self.batch_iter), self.device)
         self.position += 1
         started = time.perf_counter()
+        self._cpu_mark = time.thread_time()
         with autocast(self.device, self.cfg.precision):
             loss = self.task.loss(self.net, batch)
         value = float(loss.detach())
@@ -309,6 +316,7 @@ class Learner:
         worker = threading.Thread(target=self._network_loop, name="learner-net", daemon=True)
         worker.start()
         step = 0
+        last_step_at: float | None = None
 
         def push(f: int, residual: bool = False, final: bool = False) -> None:
             nonlocal seq
@@ -338,13 +346,17 @@ class Learner:
             loss, compute_s, tokens = self._train_step(step + 1)
             self.step_tokens = tokens
             step += 1
+            now = time.perf_counter()
+            if last_step_at is not None:  # the pace a push falls due at (an EWMA of step intervals)
+                gap = now - last_step_at
+                self.step_seconds = gap if self.step_seconds is None else 0.9 * self.step_seconds + 0.1 * gap
+            last_step_at = now
             for f in range(len(tokens_since)):
                 tokens_since[f] += tokens
                 steps_since[f] += 1
-            waited = self.cpu_wait.sample()
             self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), incarnation=self.incarnation,
-                             position=self.position, **({"cpu_wait": waited} if waited is not None else {}))
+                             position=self.position, **self._cpu_fields())
             last_step = self.opts.max_steps is not None and step >= self.opts.max_steps
             for f in ([] if last_step and cfg.final_round else clock.due(step)):  # the final round pushes all
                 with self._versions_lock:  # against _send_push marking a push of f as sent
@@ -379,6 +391,7 @@ class Learner:
             warm_up_lr(self.opt, self.cfg, clock=self.position)
         self.opt.step()
         compute_s = time.perf_counter() - started
+        self.cpu_s = time.thread_time() - self._cpu_mark
         return self.group.mean_loss(loss), compute_s, tokens * self.group.size
 
     def _follow_leader(self, stop: bool, adopted: list[int]) -> tuple[bool, list[int]]:
@@ -484,10 +497,10 @@ class Learner:
                     # empty: pulling only when idle would starve adoption.
                     self._pull_new_versions()
                     continue
-                known = self._awaited()
+                known = None if self.closing.is_set() else self._awaited()
                 if known is not None or time.monotonic() >= heartbeat_due(self.link, self.cfg.heartbeat_interval):
                     # Awaiting a merge: a long poll, answered as soon as a version passes the ones known.
-                    poll = {"wait_ms": int(self.cfg.heartbeat_interval * 1000), "versions": known} if known else {}
+                    poll = {"wait_ms": self._poll_ms(), "versions": known} if known else {}
                     beat = self.link.request(wire.message(wire.HEARTBEAT, poll))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
@@ -506,6 +519,17 @@ class Learner:
                 if self.stop.is_set():
                     return
                 self.stop.wait(0.05)
+
+    def _poll_ms(self) -> int:
+        """How long a long poll may wait: a heartbeat interval, and no longer than until this
+        learner's next push falls due (H/P steps at its measured pace), since the push waits
+        behind the poll on the one connection; at least POLL_FLOOR_MS, at most MAX_POLL_MS
+        and half a request timeout."""
+        cfg = self.cfg
+        seconds = min(cfg.heartbeat_interval, cfg.request_timeout / 2)
+        if self.step_seconds:
+            seconds = min(seconds, cfg.sync_every / cfg.fragments * self.step_seconds)
+        return int(min(MAX_POLL_MS, max(POLL_FLOOR_MS, seconds * 1000)))
 
     def _awaited(self) -> list[int] | None:
         """The syncer's versions as this learner knows them, when it awaits the merge of a
@@ -620,6 +644,7 @@ class Learner:
         while not self.stop.is_set() and (self.opts.max_steps is None or step < self.opts.max_steps):
             loss, started, tokens = self._inner_step(step + 1)
             compute_s = time.perf_counter() - started
+            self.cpu_s = time.thread_time() - self._cpu_mark
             grads = {n: p.grad.detach().cpu() for n, p in self.params.items()}
             header = {"round": self.round, "tokens": tokens, "position": self.position}
             reply = self._sync_exchange(wire.message(wire.GRAD, header, grads))
@@ -631,15 +656,15 @@ class Learner:
                 self.round = int(reply.header["round"])
                 self.events.emit("apply", fragment=None, version=self.round, resync=True, incarnation=self.incarnation)
                 continue
-            applied_at = time.perf_counter()
+            applied_at, cpu_at = time.perf_counter(), time.thread_time()
             apply_mean_gradient(self.model, self.opt, self._on_device(reply.tensors()), self.cfg)
             compute_s += time.perf_counter() - applied_at  # own work only; the wait is excluded
+            self.cpu_s += time.thread_time() - cpu_at
             self.round += 1
             step += 1
-            waited = self.cpu_wait.sample()
             self.events.emit("inner_step", step=step, loss=loss, tokens=tokens,
                              compute_s=round(compute_s, 5), round=self.round, incarnation=self.incarnation,
-                             position=self.position, **({"cpu_wait": waited} if waited is not None else {}),
+                             position=self.position, **self._cpu_fields(),
                              dt=round(time.perf_counter() - started, 5), wire_bytes=reply.wire_bytes)
             self.pacer.after_step(compute_s, self.stop)
         self.stop.set()
@@ -647,6 +672,20 @@ class Learner:
         self.events.emit("process_stop", role="learner", steps=step, incarnation=self.incarnation,
                          bytes_up=self.link.bytes_up, bytes_down=self.link.bytes_down)
         return 0
+
+    def _cpu_fields(self) -> dict:
+        """For a learner whose accelerator is the CPU (one torch thread on the CPU device):
+        the last step's own CPU time (`cpu_s`: its compute without the time it was preempted)
+        and, now and then, the cumulative time the loop waited for a CPU (`cpu_wait`).
+        Goodput's capacity takes the rate from the first and leaves the second out of the time
+        (trainer/metrics.py); a step's wall time (`compute_s`) holds both."""
+        if not self.cpu_bound:
+            return {}
+        out = {"cpu_s": round(self.cpu_s, 5)}
+        waited = self.cpu_wait.sample()
+        if waited is not None:
+            out["cpu_wait"] = waited
+        return out
 
     def _on_device(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {n: t.to(self.device) for n, t in tensors.items()}

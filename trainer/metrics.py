@@ -7,7 +7,8 @@ same wall time.
   token P times); in sync mode, the tokens of every completed all-reduce round.
 - Capacity: Σ over learners of (its fault-free rate) × (the time it could have computed),
   where a learner's rate is its tokens per step over the median own compute time of a step
-  (waiting on the network excluded), scaled by its configured speed factor; with an
+  (waiting on the network excluded; for a learner computing on one CPU thread, the step's
+  CPU time, without the time it was preempted), scaled by its configured speed factor; with an
   emulated accelerator (--step-time T) the step time is T, or the median compute if longer.
   The time it could have computed is the run's wall time, less the time the learner was
   ready to step but waited for a CPU (trainer/cpuwait.py): learners sharing a machine's
@@ -36,7 +37,10 @@ def learner_rates(events: Iterable[dict]) -> dict[int, float]:
     step_time: dict[int, float] = {}
     for e in events:
         if e["kind"] == "inner_step" and e.get("learner") is not None:
-            compute[e["learner"]].append(float(e["compute_s"]))
+            # A CPU-bound learner's own CPU time per step (`cpu_s`), not its wall time, which
+            # holds the time another process had its core: that time is left out of goodput's
+            # capacity instead (learner_cpu_waits), and must not lower the rate as well.
+            compute[e["learner"]].append(float(e["cpu_s"] if e.get("cpu_s") else e["compute_s"]))
             tokens[e["learner"]] = int(e["tokens"])
         elif e["kind"] == "process_start" and e.get("role") == "learner":
             speed[e["learner"]] = float(e.get("speed", 1.0))

@@ -27,6 +27,10 @@ class FrameType(StrEnum):
     ERROR = "ERROR"
 
 
+# A HEARTBEAT that names the versions a learner knows may wait this long (ms) for a merge
+# to pass them: a long poll. The syncer holds none longer, whatever `wait_ms` asks.
+MAX_POLL_MS = 1000
+
 REQUEST_TYPES = frozenset({FrameType.HELLO, FrameType.PUSH, FrameType.HEARTBEAT, FrameType.PULL,
                            FrameType.GRAD, FrameType.BYE})
 REPLY_TYPES = frozenset({FrameType.WELCOME, FrameType.ACK, FrameType.BEAT, FrameType.FRAGMENT,

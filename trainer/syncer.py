@@ -37,7 +37,7 @@ from .signals import stop_on_signals
 from .task import load_task
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_average, merge, merge_weights,
                     nesterov_step, push_id, round_fraction, round_scale, staleness_factors)
-from .protocol import FrameType, ProtocolError, Reason, Status
+from .protocol import MAX_POLL_MS, FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
 from .ranks import param_digest
 from .served import DELTA_ENCODINGS, ServedFragment
@@ -51,7 +51,6 @@ REPLY_DEADLINE = 30.0
 ADMISSION_REASONS = frozenset({Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.UNAUTHENTICATED_LIMIT,
                                Reason.IDLE_TIMEOUT})
 ARRIVALS_KEPT = 6  # push times kept per (fragment, learner): five intervals for the grace estimator
-MAX_POLL_MS = 1000  # the longest a heartbeat may wait for a merge (a long poll), in ms
 
 
 def predict_arrival(times: list[float] | tuple[float, ...] | deque) -> float | None:
@@ -659,7 +658,7 @@ class Syncer:
         a plain heartbeat (and in sync mode, which has no versions to wait for)."""
         if "wait_ms" not in header or self.sync is not None:
             return 0, []
-        wait_ms = wire.header_int(header, "wait_ms", 0, MAX_POLL_MS)
+        wait_ms = min(MAX_POLL_MS, wire.header_int(header, "wait_ms"))  # a longer ask waits the cap
         known = header.get("versions")
         if not isinstance(known, list) or len(known) != len(self.frags) or not all(
                 isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= wire.MAX_SAFE_INT for v in known):
@@ -1118,9 +1117,6 @@ class Syncer:
         params, momentum, accum, accum_count, outer = step.params, step.momentum, step.accum, step.accum_count, step.outer
         if self.defect == "merge_nothing":  # the outer step is lost; everything else goes on as usual
             params = {n: t.clone() for n, t in frag.params.items()}
-        # How far Θ_f really moved, measured on the tensors committed: a merge that moved
-        # nothing has merged nothing, whatever its contributors (progress, rejoined).
-        moved = _relative_change(frag.params, params)
         policy = self.cfg.staleness_policy
         finite = True
         applied = frag.applied + [c.ident for c in contribs]
@@ -1128,8 +1124,12 @@ class Syncer:
         rounds = frag.rounds + round_fraction(weights)
         version = frag.version + 1
         frag.writing = True
+        before = frag.params  # nothing replaces it while this merge is written
         self.cond.release()
         try:
+            # How far Θ_f really moved, measured on the tensors committed (off the lock): a
+            # merge that moved nothing has merged nothing, whatever its contributors.
+            moved = _relative_change(before, params)
             write_started = time.monotonic()
             if self.defect == "ack_before_durable" and time.monotonic() - self._last_flush < defects.FLUSH_EVERY:
                 nbytes = 0
@@ -1188,10 +1188,10 @@ class Syncer:
 
 def _relative_change(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> float:
     """||after − before|| / ||before|| over a fragment's tensors (||after − before|| when
-    `before` is all zero); 7 significant decimals, so that a real step never rounds to 0."""
+    `before` is all zero); 7 significant digits, so that a real step never rounds to 0."""
     with torch.no_grad():
-        diff = sum(float((after[n] - before[n]).double().pow(2).sum()) for n in before) ** 0.5
-        norm = sum(float(before[n].double().pow(2).sum()) for n in before) ** 0.5
+        diff = sum(float(torch.linalg.vector_norm(after[n] - before[n])) ** 2 for n in before) ** 0.5
+        norm = sum(float(torch.linalg.vector_norm(before[n])) ** 2 for n in before) ** 0.5
     value = diff / norm if norm > 0 else diff
     return float(f"{value:.7g}") if value == value else value
 

@@ -64,12 +64,16 @@ def _free_port() -> int:
 
 def _engine_hiccup(exc: BaseException) -> bool:
     """A 5xx from the engine, e.g. runc's "unable to freeze" when a busy cgroup does not
-    settle in time (about 1 pause in 20 under load here), or an engine too slow to answer
-    within DOCKER_TIMEOUT. A 4xx (409: not running) is final."""
+    settle in time (about 1 pause in 20 under load here), or an engine socket that refused
+    the connection (the request never reached it). A 4xx (409: not running) is final, and so
+    is a timeout: the action may have happened (a kill retried would answer 409), and a slow
+    engine gets DOCKER_TIMEOUT s for each call instead."""
     import docker.errors
     import requests
-    if isinstance(exc, (requests.exceptions.Timeout, requests.exceptions.ConnectionError)):
-        return True
+    import urllib3
+    if isinstance(exc, requests.exceptions.ConnectionError) and not isinstance(exc, requests.exceptions.Timeout):
+        reason = exc.args[0] if exc.args else None
+        return isinstance(getattr(reason, "reason", reason), urllib3.exceptions.NewConnectionError)
     return isinstance(exc, docker.errors.APIError) and exc.status_code is not None and exc.status_code >= 500
 
 

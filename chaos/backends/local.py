@@ -55,6 +55,7 @@ class LocalCluster(Cluster):
         # time; waiting for a restarted syncer to listen happens outside it.
         self._lock = threading.RLock()
         self._held: set[str] = set()  # units killed by a fault, down until its stop restarts them
+        self._stopping = False
         self.supervisor: Supervisor | None = None
         self._supervisor_log: EventLog | None = None
 
@@ -144,8 +145,11 @@ class LocalCluster(Cluster):
         self.proxy_ports[name] = int(proxy["listen"].rsplit(":", 1)[1])
 
     def _spawn(self, name: str, argv: list[str]) -> ManagedProcess:
-        proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry,
-                                                    self.spares)
+        with self._lock:
+            if self._stopping:
+                raise RuntimeError(f"{name}: not started, the cluster is stopping")
+            proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry,
+                                                        self.spares)
         return proc
 
     def _spawn_syncer(self) -> ManagedProcess:
@@ -167,6 +171,8 @@ class LocalCluster(Cluster):
 
     def stop(self) -> None:
         """Heal the links, SIGTERM learners (they push what is left), then the syncer."""
+        with self._lock:
+            self._stopping = True  # a restart still in flight elsewhere starts nothing from now on
         if self.supervisor is not None:
             self.supervisor.stop()  # nothing stopped from here on is restarted
         if self.toxiproxy is not None:

@@ -1328,3 +1328,24 @@ def test_a_quarantine_the_syncer_was_killed_before_reporting_is_read_from_its_no
         {"id": "1:1:5", "fragment": 0, "learner": 1, "reason": "merge_error", "detail": "x", "acknowledged": True}))
     verdict = check_no_lost_acks(RunView(view(events).events, [], state_dir=state))
     assert verdict.status == FAIL and "1:1:5 (merge_error)" in verdict.detail
+
+
+def test_the_tolerance_grows_with_the_measured_api_round_trip():
+    """A run whose proxy API answered in 0.2 s (a loaded machine) is judged with 5 round
+    trips, 1 s; one answering in 0.02 s with the backend's own 0.25 s."""
+    from chaos.applied import tolerance_of
+
+    assert tolerance_of([{"event": "begin", "tolerance": 0.25, "api": {"round_trip": 0.2}}]) == 1.0
+    assert tolerance_of([{"event": "begin", "tolerance": 0.25, "api": {"round_trip": 0.02}}]) == 0.25
+    assert tolerance_of([{"event": "begin"}]) == 0.25
+
+
+def test_a_toxic_whose_removal_took_long_was_stopped_late():
+    """A latency whose stop was issued on time but took 20 s of retries (a stopped proxy)
+    stayed in force 20 s past its plan: faults_applied says so."""
+    faults = [latency("learner-2", 20.0, 5.0)]
+    history = history_for(faults)
+    stop = next(i for i, e in enumerate(history) if e.get("event") == "stop")
+    history[stop] = {**history[stop], "took": 20.0}
+    verdict = check_faults_applied(view(training(), history))
+    assert verdict.status == FAIL and "stopped 20.00 s after its planned end 25 s" in verdict.detail

@@ -64,6 +64,8 @@ def test_a_flag_without_help_cannot_be_added() -> None:
         Parser(prog="x").add_argument("--bare")
     with pytest.raises(ValueError, match="--bare has no help text"):
         Parser(prog="x").add_argument_group("g").add_argument("--bare")
+    with pytest.raises(ValueError, match="--bare has no help text"):
+        Parser(prog="x").add_mutually_exclusive_group().add_argument("--bare", action="store_true")
 
 
 def test_an_unknown_flag_gets_did_you_mean_and_no_page_of_usage() -> None:

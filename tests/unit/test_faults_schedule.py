@@ -497,3 +497,15 @@ def test_events_in_time_order() -> None:
     assert isinstance(first, Event) and first.fault is s.faults[3]
     time, action, index, fault = first
     assert (time, action, index, fault) == (0, "start", 3, s.faults[3])
+
+
+def test_a_fault_waits_for_every_earlier_fault_on_what_it_touches():
+    """Contention is not transitive: a partition of learner-1 and learner-2 after one of each
+    must wait for both; a latency on learner-3 waits for nothing."""
+    from faults import Latency, Partition
+
+    schedule = Schedule(seed=1, faults=(Partition(at=0, duration=1, targets=("learner-1",)),
+                                        Partition(at=0, duration=1, targets=("learner-2",)),
+                                        Latency(at=0, duration=5, target="learner-3", latency_ms=10),
+                                        Partition(at=2, duration=1, targets=("learner-1", "learner-2"))))
+    assert schedule.predecessors() == {3: [0, 1]}

@@ -471,9 +471,12 @@ def test_a_heartbeat_long_poll_answers_when_a_merge_passes_the_known_versions(ri
     waiter.join(timeout=5)
     assert answers["reply"].header["versions"] == [1]
     assert answers["at"] - pushed < 0.5, "the poll waited out its time instead of answering the merge"
-    for bad in ({"wait_ms": 5000, "versions": [0]}, {"wait_ms": 100, "versions": [0, 0]},
+    started = time.monotonic()
+    capped = poller.request(wire.HEARTBEAT, {"wait_ms": 60_000, "versions": [1]})  # asks a minute: waits the cap
+    assert capped.type == wire.BEAT and 0.9 <= time.monotonic() - started < 5
+    for bad in ({"wait_ms": -1, "versions": [0]}, {"wait_ms": 100, "versions": [0, 0]},
                 {"wait_ms": 100, "versions": ["x"]}):
         reply = rig.client(s)
-        reply.hello(3, f"bad-{bad['wait_ms']}-{len(bad['versions'])}")
+        reply.hello(3, f"bad-{bad['wait_ms']}-{len(bad['versions'])}-{bad['versions'][0]}")
         answer = reply.request(wire.HEARTBEAT, bad)
         assert answer.type == wire.ERROR and answer.header["reason"] == "bad_header", (bad, answer.header)

@@ -37,7 +37,9 @@ def _cpu_bound_run(waits: dict[int, float], seconds: int = 10, step: float = 0.0
     for i in (1, 2):
         events.append({"kind": "process_start", "role": "learner", "learner": i, "step_time": step_time, "t": 0.0})
         for k in range(n + 1):
-            events.append({"kind": "inner_step", "learner": i, "incarnation": 1, "tokens": 10, "compute_s": step,
+            # Its wall time per step holds its share of the wait; its CPU time (cpu_s) does not.
+            events.append({"kind": "inner_step", "learner": i, "incarnation": 1, "tokens": 10,
+                           "compute_s": step, "cpu_s": step * (1 - waits[i] / seconds),
                            "t": k * step, "loss": 1.0, "cpu_wait": waits[i] * k / n})
     events.append({"kind": "merge", "fragment": 0, "version": 1, "t": seconds, "fragment_share": 1.0,
                    "contributors": [{"id": f"{i}:1:1", "learner": i, "tokens": 10 * (n + 1)} for i in (1, 2)]})
@@ -51,9 +53,11 @@ def test_capacity_leaves_out_the_time_a_cpu_bound_learner_waited_for_a_core():
     from trainer.metrics import summarize
 
     s = summarize(_cpu_bound_run({1: 4.0, 2: 4.0}), 2)
-    assert s["goodput_solo"] == pytest.approx(1.0, abs=0.01)
+    # Solo, each learner would have stepped in 6 ms of CPU: its wall 10 ms held 4 ms of waiting.
+    assert s["goodput_solo"] == pytest.approx(0.6, abs=0.01)
     assert s["cpu_wait_seconds"] == {"1": 4.0, "2": 4.0}
     assert s["capacity_tokens"] == pytest.approx(0.6 * s["capacity_solo_tokens"], rel=0.01)
+    assert s["goodput"] == pytest.approx(1.0, abs=0.01), "the wait discounted twice (rate and time) inflates it"
     # An emulated accelerator's slot absorbs the host's waits: its capacity is the whole run.
     paced = summarize(_cpu_bound_run({1: 4.0, 2: 4.0}, step_time=0.01), 2)
     assert paced["capacity_tokens"] == pytest.approx(paced["capacity_solo_tokens"])
@@ -105,3 +109,18 @@ def test_the_summary_says_what_to_change_when_the_round_trip_outlasts_a_round():
     assert out["push_round_trip_seconds"] == pytest.approx(0.1)
     assert any("--adopt rebase" in line for line in out["advice"]), out["advice"]
     assert any("--sync-every 200" in line for line in out["advice"]), out["advice"]
+
+
+def test_a_push_merged_after_its_learner_was_killed_counts_once():
+    """A learner SIGKILLed before the acknowledgement of its push came back never logged
+    the push; its syncer accepted and merged it. Merged, not also lost."""
+    from trainer.fates import token_fates
+
+    events = [{"kind": "process_start", "role": "syncer", "config": {"fragments": 1}, "t": 0},
+              *[{"kind": "inner_step", "learner": 1, "incarnation": 1, "tokens": 100, "t": t} for t in range(1, 5)],
+              {"kind": "push_accepted", "learner": 1, "incarnation": 1, "id": "1:1:1", "fragment": 0, "tokens": 400,
+               "t": 5},
+              {"kind": "merge", "fragment": 0, "version": 1, "fragment_share": 1.0, "t": 6,
+               "contributors": [{"id": "1:1:1", "learner": 1, "tokens": 400}]}]
+    fates = token_fates(events)
+    assert fates["merged"] == 400.0 and fates["lost_to_faults"] == 0.0 and sum(fates.values()) == 400.0

@@ -90,7 +90,7 @@ def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None,
     fake = SimpleNamespace(
         closing=closing, drain_over=threading.Event(), stop=threading.Event(), link=link, queue=queue,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push,
-        _pull_new_versions=lambda: None, _note_versions=lambda versions: None, _awaited=lambda: awaited)
+        _pull_new_versions=lambda: None, _note_versions=lambda versions: None, _awaited=lambda: awaited, _poll_ms=lambda: int(INTERVAL * 1000))
     learner_module.Learner._network_loop(fake)  # type: ignore[arg-type]
     if link_out is not None:
         link_out.append(link)
@@ -161,3 +161,24 @@ def test_sync_mode_sends_no_heartbeat_while_rounds_answer_within_the_interval(mo
 def test_sync_mode_heartbeats_while_a_long_step_keeps_the_link_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
     beats = run_sync_beats(monkeypatch, grad_every=None)
     assert len(beats) >= HORIZON / INTERVAL - 2, f"{len(beats)} heartbeats in {HORIZON} s of a quiet link"
+
+
+def test_a_long_poll_waits_no_longer_than_the_next_push_and_the_cap() -> None:
+    """The poll holds the one connection: it waits at most until the learner's next push
+    falls due (H/P steps at its pace), a heartbeat interval, MAX_POLL_MS and half a request
+    timeout; at least POLL_FLOOR_MS. A --heartbeat-interval of 1.5 s asked 1500 ms, which a
+    syncer refused, and the learner reconnected in a loop."""
+    from trainer.protocol import MAX_POLL_MS
+
+    def poll(interval=0.2, sync_every=20, fragments=1, step=None, request_timeout=5.0):
+        fake = SimpleNamespace(cfg=SimpleNamespace(heartbeat_interval=interval, sync_every=sync_every,
+                                                   fragments=fragments, request_timeout=request_timeout),
+                               step_seconds=step)
+        return learner_module.Learner._poll_ms(fake)  # type: ignore[arg-type]
+
+    assert poll() == 200
+    assert poll(step=0.0015) == 30            # a small task: 20 steps of 1.5 ms
+    assert poll(step=0.01, fragments=4) == 50  # H/P = 5 steps of 10 ms
+    assert poll(interval=1.5, step=1.0) == MAX_POLL_MS
+    assert poll(interval=0.9, request_timeout=1.0) == 500
+    assert poll(step=1e-6) == learner_module.POLL_FLOOR_MS
