@@ -57,17 +57,24 @@ def test_kill_partition_latency_schedule_passes(tmp_path: Path) -> None:
 def test_next_run_starts_clean_after_sigkill(tmp_path: Path, isolated_home: Path) -> None:
     schedule = tmp_path / "long.yaml"
     schedule.write_text("seed: 1\nlearners: 2\nfaults:\n"
-                        "- {kind: partition, at: 1, duration: 300, targets: [learner-1]}\n"
-                        "- {kind: pause, at: 1, duration: 300, target: learner-2}\n")
+                        "- {kind: partition, at: 1, duration: 290, targets: [learner-1]}\n"
+                        "- {kind: pause, at: 1, duration: 290, target: learner-2}\n")
     first = tmp_path / "first"
     env = dict(os.environ, ISLANDS_HOME=str(isolated_home))
-    controller = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(schedule), "--learners", "2",
-                                   "--out", str(first), "--duration", "300"], cwd=ROOT, env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    output = tmp_path / "controller.out"
+    with output.open("wb") as sink:
+        controller = subprocess.Popen([sys.executable, "-m", "chaos", "run", str(schedule), "--learners", "2",
+                                       "--out", str(first), "--duration", "300"], cwd=ROOT, env=env,
+                                      stdout=sink, stderr=subprocess.STDOUT)
+
+    def faults_applied(_events: list) -> bool:
+        assert controller.poll() is None, \
+            f"the controller exited ({controller.returncode}) before its faults began: {output.read_text()[-2000:]}"
+        history = first / "history.jsonl"
+        return history.exists() and history.read_text().count('"event": "start"') >= 2
+
     try:
-        wait_for(first, "the first run's faults to be applied",
-                 lambda ev: (first / "history.jsonl").exists()
-                 and (first / "history.jsonl").read_text().count('"event": "start"') >= 2, 180)
+        wait_for(first, "the first run's faults to be applied", faults_applied, 180)
     finally:
         controller.send_signal(signal.SIGKILL)
         controller.wait(timeout=10)
