@@ -13,7 +13,24 @@ import socket
 from . import goparse
 from .errors import ListenError
 
-LISTEN_BACKLOG = 4096
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+
+
+def system_backlog(path: str = SOMAXCONN_PATH) -> int:
+    """The listen backlog Go's net package uses: the kernel's somaxconn, read once.
+
+    A small fixed backlog (socketserver's 5) resets a burst of concurrent clients, which
+    the real Toxiproxy never does; the kernel caps any larger value at somaxconn anyway.
+    """
+    try:
+        with open(path) as fh:
+            value = int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return socket.SOMAXCONN
+    return value if value > 0 else socket.SOMAXCONN
+
+
+LISTEN_BACKLOG = system_backlog()
 
 
 class AddressError(ValueError):

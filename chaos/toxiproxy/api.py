@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
-from . import httpreq, jsonio
+from . import addr, httpreq, jsonio
 from .collection import PROXY_FIELDS, PopulateError, ProxyCollection, proxy_list_json
 from .errors import (
     ERR_BAD_REQUEST_BODY,
@@ -311,6 +311,7 @@ class ApiHTTPServer(ThreadingHTTPServer):
 
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = addr.LISTEN_BACKLOG  # Go's backlog, not socketserver's 5
 
     def __init__(self, address: tuple[str, int], api: Api) -> None:
         self.api = api

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import random
 import socket
+import threading
 import struct
 import time
 from pathlib import Path
@@ -496,3 +497,41 @@ def test_shared_api_errors_keep_no_traceback(api):
         assert api("DELETE", "/proxies/ghost/toxics/t").status_code == 404
     shared = [value for name, value in vars(errors).items() if name.startswith("ERR_")]
     assert shared and all(err.__traceback__ is None for err in shared)
+
+
+def test_the_api_listens_with_the_systems_backlog_not_socketservers_five(srv) -> None:
+    """Issue 27: 200 concurrent API clients got 386 connection resets with a backlog of 5.
+    Go listens with the kernel's somaxconn; so does our API, and a burst sees no reset."""
+    assert addr.system_backlog() >= 128
+    clients = 200
+    barrier = threading.Barrier(clients)
+    errors: list[str] = []
+    answered: list[int] = []
+
+    def client() -> None:
+        try:
+            barrier.wait(timeout=30)
+            with socket.create_connection(("127.0.0.1", srv.port), timeout=IO_TIMEOUT_S) as sock:
+                sock.sendall(b"GET /version HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                reply = b""
+                while chunk := sock.recv(4096):
+                    reply += chunk
+                answered.append(int(reply.split(b" ", 2)[1]))
+        except Exception as exc:  # noqa: BLE001 - every failure is reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors, f"{len(errors)} of {clients} clients failed, e.g. {errors[:3]}"
+    assert answered.count(200) == clients, answered
+
+
+def test_the_backlog_falls_back_when_somaxconn_cannot_be_read(tmp_path: Path) -> None:
+    assert addr.system_backlog(str(tmp_path / "missing")) == socket.SOMAXCONN
+    (tmp_path / "bad").write_text("many\n")
+    assert addr.system_backlog(str(tmp_path / "bad")) == socket.SOMAXCONN
+    (tmp_path / "good").write_text("4096\n")
+    assert addr.system_backlog(str(tmp_path / "good")) == 4096
