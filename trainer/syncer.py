@@ -463,14 +463,32 @@ class Syncer:
         except wire.DeadlineExceeded as exc:
             raise ProtocolError(Reason.HANDSHAKE_TIMEOUT,
                                 f"no verified HELLO within {self.cfg.handshake_timeout:g} s ({exc})") from exc
+        except wire.FrameError as exc:
+            if exc.reason != Reason.BAD_MAC:
+                raise
+            who = channel.session.identity
+            raise ProtocolError(Reason.BAD_IDENTITY,
+                                f"the first frame of a connection opened as learner {who} does not verify under "
+                                f"learner {who}'s key (another learner's key, another run's secret, or "
+                                "tampered)") from exc
         if hello.type != FrameType.HELLO:
             raise wire.FrameError(Reason.PROTOCOL, f"first frame must be HELLO, got {hello.type!r}")
+        self._check_identity(hello, channel)
         with self.cond:
             admitted = self.admission.authenticate(conn_id)
         if not admitted:
             raise ProtocolError(Reason.CONNECTION_LIMIT,
                                 f"{self.cfg.max_connections} authenticated connections are open (--max-connections)")
         return hello
+
+    @staticmethod
+    def _check_identity(hello: wire.Frame, channel: wire.Channel) -> None:
+        """A HELLO speaks only for the learner whose key keyed the connection (keys.py)."""
+        named = wire.header_int(hello.header, "learner")
+        if named != channel.session.identity:
+            raise ProtocolError(Reason.BAD_IDENTITY,
+                                f"HELLO as learner {named} on a connection opened with learner "
+                                f"{channel.session.identity}'s key: a learner speaks only as itself")
 
     def _serve_connection(self, sock: socket.socket, conn_id: int, peer: tuple) -> None:
         """One connection, from handshake to close. Whatever a peer sends, the thread ends
@@ -490,6 +508,8 @@ class Syncer:
             while self._running:
                 self.counters["bytes_in"] += frame.wire_bytes
                 try:
+                    if frame.type == FrameType.HELLO:
+                        self._check_identity(frame, channel)
                     reply, learner = self._dispatch(frame, conn_id, learner, sock)
                 except ProtocolError as exc:
                     self._refuse(channel, exc, learner, peer)
