@@ -41,7 +41,7 @@ from .protocol import MAX_POLL_MS, FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
 from .ranks import param_digest
 from .served import DELTA_ENCODINGS, ServedFragment
-from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
+from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, check_position, tensor_norm
 from .atomic import atomic_write_json
 from .group_commit import GroupCommit, write_staged
 from .state import StateDir, load_tensors, read_json, remove_stale_temporaries, with_metadata
@@ -467,10 +467,10 @@ class Syncer:
             if exc.reason != Reason.BAD_MAC:
                 raise
             who = channel.session.identity
-            raise ProtocolError(Reason.BAD_IDENTITY,
-                                f"the first frame of a connection opened as learner {who} does not verify under "
-                                f"learner {who}'s key (another learner's key, another run's secret, or "
-                                "tampered)") from exc
+            raise wire.FrameError(Reason.BAD_MAC,
+                                  f"the first frame of a connection opened as learner {who} does not verify under "
+                                  f"learner {who}'s key (another learner's key, another run's secret, a replay, "
+                                  "or tampered)") from exc
         if hello.type != FrameType.HELLO:
             raise wire.FrameError(Reason.PROTOCOL, f"first frame must be HELLO, got {hello.type!r}")
         self._check_identity(hello, channel)
@@ -752,6 +752,8 @@ class Syncer:
             if not known:
                 self.bounds.check_counts(steps=steps, tokens=tokens, step_tokens=step_tokens,
                                          claimed=m.claimed.get(index, 0), elapsed=time.time() - m.since)
+                check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
+                               self.train.sync_every)
                 self.norms[index].check(per_round_norm, lambda: tensor_norm(frag.params))
             if known and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
@@ -838,6 +840,8 @@ class Syncer:
             m = self.members.current(learner, conn_id)
             if m is None:
                 return None
+            check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
+                           self.train.sync_every)
             m.position = max(m.position, position)
             if rnd != self.sync.round:
                 self.counters["resyncs"] += 1

@@ -94,3 +94,16 @@ class NormGuard:
 
     def note(self, per_round_norm: float) -> None:
         self.recent.append(per_round_norm)
+
+
+def check_position(position: int, start: int, elapsed: float, max_step_rate: float, sync_every: int) -> None:
+    """A claimed data position (windows consumed, across incarnations) is at most where
+    this incarnation started plus what it can have consumed since: one window per inner
+    step, at --max-step-rate, plus SLACK_ROUNDS rounds. Without it a learner's own next
+    incarnation could be welcomed at position 2^53 - 1 (issue 27)."""
+    allowed = start + max_step_rate * max(0.0, elapsed) + SLACK_ROUNDS * sync_every
+    if position > allowed:
+        raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                            f"position={position}: this incarnation started at {start} and can have consumed at "
+                            f"most {allowed - start:.0f} windows in {elapsed:.1f} s (--max-step-rate "
+                            f"{max_step_rate:g}/s + {SLACK_ROUNDS} rounds)")

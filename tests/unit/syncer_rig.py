@@ -141,9 +141,11 @@ class Rig:
         s.start()
         return s
 
-    def client(self, s: Syncer) -> Client:
+    def client(self, s: Syncer, learner: int | None = None, key: bytes | None = None) -> Client:
+        """`learner`, `key`: open as that learner with that key (default: the learner of
+        the first HELLO, with its own key)."""
         assert s.address is not None
-        c = Client(s.address)
+        c = Client(s.address, learner, key)
         self.clients.append(c)
         return c
 
