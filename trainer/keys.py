@@ -126,7 +126,7 @@ def write_key_file(path: str | os.PathLike, secret: bytes, learner: int) -> Path
 def write_key_files(directory: str | os.PathLike, secret: bytes, learners: int) -> dict[int, Path]:
     """keys/learner-N.key for N in 1..learners: what a launcher hands each learner."""
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
     root.chmod(0o700)
     return {n: write_key_file(root / f"learner-{n}.key", secret, n) for n in range(1, learners + 1)}
 

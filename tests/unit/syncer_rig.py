@@ -93,11 +93,11 @@ class Client:
         return self.channel.request(msg, time.monotonic() + 10)
 
     def request(self, ftype: str, header: dict | None = None, tensors=None) -> wire.Frame:
+        if ftype == wire.HELLO and self._channel is None and self.learner is None and header:
+            self.learner = header.get("learner") if isinstance(header.get("learner"), int) else None
         return self.send(wire.message(ftype, header, tensors))
 
     def hello(self, learner: int, nonce: str, mode: str = "decoupled") -> wire.Frame:
-        if self._channel is None and self.learner is None:
-            self.learner = learner
         return self.request(wire.HELLO, {"learner": learner, "nonce": nonce, "mode": mode, "want_params": False})
 
     def expect_closed(self) -> None:
