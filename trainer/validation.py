@@ -11,6 +11,8 @@ has seen:
 - `tokens` ≤ steps × --max-step-tokens, and `step_tokens` ≤ --max-step-tokens.
 - `seq`, `position`, `incarnation` < 2^53 (wire.header_int); `base_version` ≤ the
   fragment's version (a push cannot be based on a version not served yet).
+- `position` ≤ the position the incarnation was welcomed at + --max-step-rate × the
+  seconds since it joined + 4 rounds (check_position: one data window per inner step).
 - the pseudo-gradient is finite after decoding (codec.decode), and its norm per round
   (‖Δ‖ / rounds spanned) is at most --max-norm-ratio × the median of the fragment's last
   32 accepted pushes once 8 are known; before that, at most ABSOLUTE_NORM_RATIO × (‖Θ_f‖

@@ -208,3 +208,60 @@ def test_the_position_bound_is_persisted_per_incarnation() -> None:
 def test_the_key_file_line_holds_the_derived_key() -> None:
     """The key is a function of (secret, id) only: the syncer needs no state to check it."""
     assert key_file_text(SECRET, 1).split()[-1] == learner_key(SECRET, 1).hex()
+
+
+def test_check_position_bounds_a_claim_by_what_the_incarnation_can_have_consumed() -> None:
+    from trainer.protocol import ProtocolError
+    from trainer.validation import check_position
+    check_position(100 + 16, start=100, elapsed=0.0, max_step_rate=10.0, sync_every=4)  # 4 rounds of slack
+    check_position(100 + 16 + 50, start=100, elapsed=5.0, max_step_rate=10.0, sync_every=4)
+    with pytest.raises(ProtocolError) as ei:
+        check_position(100 + 16 + 51, start=100, elapsed=5.0, max_step_rate=10.0, sync_every=4)
+    assert ei.value.reason == "out_of_bounds" and "started at 100" in ei.value.detail
+
+
+def test_trainer_run_hands_each_learner_only_its_own_key(tmp_path, monkeypatch) -> None:
+    """`trainer run`: learner N's argv names its own key file and its environment has no secret."""
+    from trainer.launch import ClusterSpec, LocalCluster
+    from trainer.runspec import RunSpec
+    monkeypatch.setenv("ISLANDS_SECRET", "x" * 32)
+    cluster = LocalCluster(ClusterSpec(tmp_path / "run", RunSpec(learners=3)))
+    spawned: list[tuple[list[str], dict]] = []
+    monkeypatch.setattr(cluster, "_spawn", lambda proc, env=None: spawned.append((proc.argv, env)))
+    try:
+        for n in (1, 2, 3):
+            cluster.start_learner(n)
+    finally:
+        cluster.events.close()
+    secret = cluster.secret_file.read_bytes().strip()
+    for n, (argv, env) in zip((1, 2, 3), spawned):
+        path = argv[argv.index("--key-file") + 1]
+        assert load_key_file(path, n) == learner_key(secret, n)
+        assert "ISLANDS_SECRET_FILE" not in env and "ISLANDS_SECRET" not in env, n
+        assert "--secret-file" not in argv
+
+
+def test_the_chaos_local_backend_hands_each_learner_only_its_own_key(tmp_path, monkeypatch) -> None:
+    """start() writes keys/learner-N.key before anything starts; learner N's argv names its own."""
+    from chaos.backends.local import LocalCluster
+
+    class Stop(Exception):
+        pass
+
+    def stop(self) -> None:
+        raise Stop
+
+    monkeypatch.setattr(LocalCluster, "_start_spares", stop)
+    monkeypatch.setenv("ISLANDS_HOME", str(tmp_path / "home"))
+    cluster = LocalCluster(tmp_path / "run")
+    with pytest.raises(Stop):
+        cluster.start()
+    secret = (cluster.run_dir / "secret").read_bytes().strip()
+    spawned: dict[str, list[str]] = {}
+    monkeypatch.setattr(cluster, "_spawn", lambda name, argv: spawned.setdefault(name, argv))
+    cluster.proxy_ports = {f"learner-{n}": 20000 + n for n in range(1, cluster.learners + 1)}
+    for n in range(1, cluster.learners + 1):
+        cluster._start_learner(n)
+        argv = spawned[f"learner-{n}"]
+        assert load_key_file(argv[argv.index("--key-file") + 1], n) == learner_key(secret, n)
+        assert (cluster.run_dir / "keys" / f"learner-{n}.key").stat().st_mode & 0o077 == 0
