@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.syncer_rig import SECRET, TOKENS, Rig, poll_until, push_frame, rig  # noqa: F401
+from tests.unit.syncer_rig import SECRET, TOKENS, Rig, poll_until, push_frame
 from trainer import wire
 from trainer.keys import (hkdf, hkdf_expand, hkdf_extract, key_file_text, learner_key, load_key_file,
                           load_learner_key, write_key_file, write_key_files)
