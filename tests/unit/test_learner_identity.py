@@ -265,3 +265,12 @@ def test_the_chaos_local_backend_hands_each_learner_only_its_own_key(tmp_path, m
         argv = spawned[f"learner-{n}"]
         assert load_key_file(argv[argv.index("--key-file") + 1], n) == learner_key(secret, n)
         assert (cluster.run_dir / "keys" / f"learner-{n}.key").stat().st_mode & 0o077 == 0
+
+
+def test_the_ranks_of_a_unit_share_its_key_file() -> None:
+    """A multi-rank learner's ranks are one learner: each rank gets the unit's --key-file."""
+    from trainer.__main__ import build_parser, rank_argv
+    args = build_parser().parse_args(["learner", "--learner", "2", "--connect", "h:1", "--ranks", "2",
+                                      "--key-file", "/k/learner-2.key"])
+    argv = rank_argv(args, 1, "/tmp/store")
+    assert argv[argv.index("--key-file") + 1] == "/k/learner-2.key" and "--secret-file" not in argv
