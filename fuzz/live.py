@@ -35,6 +35,7 @@ import torch
 
 from trainer import wire
 from trainer.codec import ENCODINGS, encode
+from trainer.keys import learner_key
 from trainer.events import iter_file
 from trainer.argtypes import Parser
 from bench.outputs import output_file
@@ -139,7 +140,8 @@ class SignedStream:
         self.learner = learner
         self.shapes = shapes
         self.sock = socket.create_connection(address, timeout=TIMEOUT)
-        self.channel = wire.Channel.connect(self.sock, secret, time.monotonic() + TIMEOUT)
+        self.channel = wire.Channel.connect(self.sock, learner_key(secret, learner), time.monotonic() + TIMEOUT,
+                                            learner)
         hello = wire.message(wire.HELLO, {"learner": learner, "nonce": "fuzzer", "mode": "decoupled",
                                           "want_params": False})
         welcome = self.channel.request(hello, time.monotonic() + TIMEOUT)
@@ -248,7 +250,7 @@ def start_syncer(workdir: Path, learners: int) -> tuple[subprocess.Popen, tuple[
 def fragment_shapes(address: tuple[str, int], secret: bytes) -> list[dict[str, torch.Size]]:
     """The fragments' tensor shapes, as a learner learns them from WELCOME."""
     with socket.create_connection(address, timeout=TIMEOUT) as sock:
-        channel = wire.Channel.connect(sock, secret, time.monotonic() + TIMEOUT)
+        channel = wire.Channel.connect(sock, learner_key(secret, 2), time.monotonic() + TIMEOUT, 2)
         welcome = channel.request(wire.message(wire.HELLO, {"learner": 2, "nonce": "fuzzer", "mode": "decoupled",
                                                             "want_params": True}), time.monotonic() + TIMEOUT)
         params = welcome.tensors()
@@ -371,7 +373,7 @@ def flood(idle: int = 300, claiming: int = 16, workdir: Path | None = None) -> d
         peak = max(before, rss_mb(proc.pid))
         started = time.monotonic()
         with socket.create_connection(address, timeout=TIMEOUT) as sock:
-            channel = wire.Channel.connect(sock, secret, time.monotonic() + TIMEOUT)
+            channel = wire.Channel.connect(sock, learner_key(secret, 1), time.monotonic() + TIMEOUT, 1)
             welcome = channel.request(wire.message(wire.HELLO, {"learner": 1, "nonce": "legit", "mode": "decoupled",
                                                                 "want_params": True}), time.monotonic() + TIMEOUT)
         join_seconds = time.monotonic() - started

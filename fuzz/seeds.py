@@ -13,6 +13,7 @@ import torch
 
 from fuzz.targets.support import CLIENT_RANDOM, SECRET, SERVER_RANDOM, sealed
 from trainer import wire
+from trainer.keys import learner_key
 from trainer.codec import ENCODINGS, encode
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
@@ -44,7 +45,7 @@ def frame_decoder() -> list[bytes]:
 def handshake() -> list[bytes]:
     hello = _header({"type": "HELLO", "learner": 1, "nonce": "abcd", "mode": "decoupled", "want_params": True}, b"")
     opening = wire.HANDSHAKE.pack(wire.MAGIC, wire.VERSION, CLIENT_RANDOM)
-    key = wire.derive_key(SECRET, CLIENT_RANDOM, SERVER_RANDOM)
+    key = wire.derive_key(learner_key(SECRET, 0), CLIENT_RANDOM, SERVER_RANDOM)  # the opening names learner 0
     return [bytes([1]) + hello, bytes([0]) + opening + sealed(hello, b"", key=key), bytes([0]) + opening,
             bytes([1]) + b'{"type":"HELLO","crc32":0,"learner":' + b"9" * 40 + b"}"]
 

@@ -25,6 +25,16 @@ def _secret(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
         raise
 
 
+def _learner_key(args: argparse.Namespace, parser: argparse.ArgumentParser) -> bytes:
+    """This learner's own key (keys.py): --key-file, else derived from a run secret."""
+    from .keys import load_learner_key
+    try:
+        return load_learner_key(args.learner, args.key_file, args.secret_file)
+    except ValueError as exc:
+        parser.error(str(exc))
+        raise
+
+
 def _preflight(train, data: str, parser: argparse.ArgumentParser, ranks: int = 1) -> dict:
     """Load the task and call each of its methods once: a broken task is refused here, with
     its clear error, before any process starts. Returns what the task says of its data."""
@@ -69,7 +79,7 @@ def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
         parser.error("--ranks: a unit of several ranks needs --mode decoupled (sync mode is the 1-rank baseline)")
     if args.rank is not None and (args.rank >= args.ranks or args.rendezvous is None):
         parser.error(f"--rank: must be below --ranks {args.ranks}, with --rendezvous")
-    secret = _secret(args, parser)
+    secret = _learner_key(args, parser)  # key_N: all this process may speak as
     if args.ranks > 1 and args.rank is None:
         from .unit import UnitOptions, run_unit
         return run_unit(UnitOptions(args.learner, args.ranks, args.run_dir), lambda r, store: rank_argv(args, r, store))
@@ -92,7 +102,7 @@ def rank_argv(args: argparse.Namespace, rank: int, store: str) -> list[str]:
             "--connect-timeout", str(args.connect_timeout), "--collective-timeout", str(args.collective_timeout),
             "--ranks", str(args.ranks), "--rank", str(rank), "--rendezvous", store]
     for flag, value in (("--run-dir", args.run_dir), ("--max-steps", args.max_steps),
-                        ("--secret-file", args.secret_file)):
+                        ("--secret-file", args.secret_file), ("--key-file", args.key_file)):
         if value is not None:
             argv += [flag, str(value)]
     return argv
@@ -282,6 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("learner", help="run one learner unit")
     add_common_args(p)
     p.add_argument("--learner", type=positive_int, required=True, help="this learner's id, 1..N")
+    p.add_argument("--key-file", default=None, metavar="FILE",
+                   help="this learner's own key file ('islands-learner-key v1 learner=N ...', written by "
+                        "`python -m trainer.keys`): with it the learner can speak only as --learner "
+                        "(default: $ISLANDS_KEY_FILE, else a key derived from the run secret of --secret-file)")
     p.add_argument("--connect", required=True, help="HOST:PORT of the syncer (or of this learner's proxy)")
     p.add_argument("--data", default="markov", help="'markov[:k=v,...]' or a text file or folder")
     p.add_argument("--task", default="gpt", help="the task the syncer trains (it refuses another); loaded before "

@@ -20,8 +20,10 @@ from .argtypes import device_arg, non_negative_float, non_negative_int, on_off, 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mode", choices=MODES, default="decoupled",
                    help="decoupled DiLoCo, or the synchronous data-parallel baseline (default: decoupled)")
-    p.add_argument("--secret-file", help="file holding the shared HMAC secret (default: $ISLANDS_SECRET_FILE, "
-                                         "else $ISLANDS_SECRET)")
+    p.add_argument("--secret-file", help="file holding the run's secret, from which every learner's key is "
+                                         "derived (keys.py): the syncer's; a learner given it derives its own key "
+                                         "but could derive any, so give a learner --key-file instead "
+                                         "(default: $ISLANDS_SECRET_FILE, else $ISLANDS_SECRET)")
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:

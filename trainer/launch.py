@@ -23,7 +23,9 @@ from .data import Corpus
 from .events import EVENTS_DIR, EventLog
 from .global_eval import HeldOut
 from .runspec import RunSpec
+from .keys import write_key_files
 from .secretfile import ensure_secret
+from .wire import SECRET_ENV, SECRET_FILE_ENV, load_secret
 from .task import load_task
 from .unit import FATAL_EXIT, HEALTHY_AFTER
 from .unit import restart_backoff as unit_backoff
@@ -76,16 +78,21 @@ class LocalCluster:
         self.secret_file = ensure_secret(self.run_dir / "secret")
         self.env = dict(os.environ, ISLANDS_SECRET_FILE=str(self.secret_file), PYTHONUNBUFFERED="1",
                         OMP_NUM_THREADS="1")
+        # A learner gets its own key file (keys.py), not the run secret: it can speak only as itself.
+        self.key_files = write_key_files(self.run_dir / "keys", load_secret(str(self.secret_file)),
+                                         spec.run.learners)
+        self.learner_env = {k: v for k, v in self.env.items() if k not in (SECRET_FILE_ENV, SECRET_ENV)}
         self.address_file = self.run_dir / "syncer.json"
         self.port = 0
         self.events = EventLog(self.run_dir, "launcher")
         self.syncer = Proc("syncer", [])
         self.learners = {i: Proc(f"learner-{i}", []) for i in range(1, spec.run.learners + 1)}
 
-    def _spawn(self, proc: Proc) -> None:
+    def _spawn(self, proc: Proc, env: dict[str, str] | None = None) -> None:
         proc.log = self.run_dir / "logs" / f"{proc.name}.log"
         with open(proc.log, "ab") as log:
-            proc.popen = subprocess.Popen(proc.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            proc.popen = subprocess.Popen(proc.argv, env=self.env if env is None else env, stdout=log,
+                                          stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, start_new_session=True)
         proc.died_at = None
         proc.started_at = time.monotonic()
@@ -110,8 +117,9 @@ class LocalCluster:
         proc = self.learners[i]
         proc.argv = [sys.executable, "-m", "trainer", "learner", "--learner", str(i),
                      "--connect", f"127.0.0.1:{self.port}", "--run-dir", str(self.run_dir),
-                     "--speed", str(self.spec.speeds.get(i, 1.0)), *self.spec.run.learner_flags(i)]
-        self._spawn(proc)
+                     "--speed", str(self.spec.speeds.get(i, 1.0)), "--key-file", str(self.key_files[i]),
+                     *self.spec.run.learner_flags(i)]
+        self._spawn(proc, self.learner_env)
 
     def start(self) -> None:
         self.start_syncer()

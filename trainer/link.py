@@ -73,7 +73,7 @@ class Address:
 
 
 class Link:
-    def __init__(self, address: Address, secret: bytes, learner: int, mode: str,
+    def __init__(self, address: Address, secret: bytes, learner: int, mode: str,  # secret: key_N (keys.py)
                  events: EventLog, request_timeout: float, stop: threading.Event) -> None:
         self.address = address
         self.secret = secret
@@ -123,7 +123,7 @@ class Link:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         detect_dead_peers(sock, unacknowledged_for=self.request_timeout)
         try:
-            channel = wire.Channel.connect(sock, self.secret, self.deadline_for(0))
+            channel = wire.Channel.connect(sock, self.secret, self.deadline_for(0), self.learner)
             self.bytes_up += wire.HANDSHAKE.size
             self.bytes_down += wire.HANDSHAKE.size
             header = {"learner": self.learner, "nonce": self.nonce, "mode": self.mode, "want_params": want_params}

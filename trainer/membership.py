@@ -2,7 +2,9 @@
 
 A learner process presents a random nonce in HELLO. The same nonce again is a reconnect
 of the same incarnation (a network blip); a new nonce is a new process, so the
-incarnation is bumped. Incarnations, nonces and data positions are persisted by the
+incarnation is bumped. Only the holder of learner N's key can HELLO as N at all (keys.py,
+wire.py), so the nonce is no credential: no other learner can present it, supersede N's
+incarnation or move N's data position. Incarnations, nonces and data positions are persisted by the
 syncer, so numbers are never reused across syncer restarts.
 """
 from __future__ import annotations
@@ -17,6 +19,7 @@ class Member:
     nonce: str = ""
     incarnation: int = 0
     position: int = 0        # data windows consumed, across incarnations
+    start: int = 0           # the position this incarnation was welcomed at (position bound: validation.py)
     tokens: int = 0          # tokens reported in accepted pushes or gradients
     alive: bool = False
     last_seen: float = 0.0
@@ -27,7 +30,7 @@ class Member:
     claimed: dict[int, int] = field(default_factory=dict)  # fragment → steps its accepted pushes claimed
 
     def persistent(self) -> dict:
-        return {"nonce": self.nonce, "incarnation": self.incarnation, "position": self.position,
+        return {"nonce": self.nonce, "incarnation": self.incarnation, "position": self.position, "start": self.start,
                 "tokens": self.tokens, "since": self.since, "claimed": {str(f): n for f, n in self.claimed.items()}}
 
     @classmethod
@@ -35,6 +38,7 @@ class Member:
         return cls(learner=learner, nonce=str(data.get("nonce", "")),
                    incarnation=int(data.get("incarnation", 0)),
                    position=int(data.get("position", 0)), tokens=int(data.get("tokens", 0)),
+                   start=int(data.get("start", data.get("position", 0))),
                    since=float(data.get("since", 0.0)),
                    claimed={int(f): int(n) for f, n in (data.get("claimed") or {}).items()})
 
@@ -65,7 +69,7 @@ class Membership:
         if not reconnect:
             m.incarnation += 1
             m.nonce = nonce
-            m.since, m.claimed = time.time(), {}
+            m.since, m.claimed, m.start = time.time(), {}, m.position
         m.alive, m.last_seen, m.conn, m.busy, m.finished = True, now, conn, False, False
         return JoinResult(m.incarnation, rejoin, reconnect)
 

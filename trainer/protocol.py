@@ -68,6 +68,7 @@ class Reason(StrEnum):
     # A well-formed, authenticated request the syncer will not act on (validation.py).
     MODE_MISMATCH = "mode_mismatch"
     BAD_LEARNER = "bad_learner"
+    BAD_IDENTITY = "bad_identity"    # a HELLO not under the key of the learner it names (keys.py)
     BAD_FRAGMENT = "bad_fragment"
     BAD_INCARNATION = "bad_incarnation"
     OUT_OF_BOUNDS = "out_of_bounds"  # a count beyond what the learner can have done
@@ -88,10 +89,11 @@ class Reason(StrEnum):
 
 _CLOSING = frozenset({Reason.BAD_MAGIC, Reason.BAD_VERSION, Reason.OVERSIZED, Reason.TRUNCATED,
                       Reason.BAD_MAC, Reason.BAD_HEADER, Reason.BAD_CRC, Reason.BAD_PAYLOAD, Reason.PROTOCOL,
-                      Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.MODE_MISMATCH, Reason.BAD_LEARNER, Reason.INTERNAL})
+                      Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.MODE_MISMATCH, Reason.BAD_LEARNER,
+                      Reason.BAD_IDENTITY, Reason.INTERNAL})
 
 # A learner that hears one of these cannot do better by retrying: it stops.
-FATAL_REASONS = frozenset({Reason.MODE_MISMATCH, Reason.BAD_LEARNER})
+FATAL_REASONS = frozenset({Reason.MODE_MISMATCH, Reason.BAD_LEARNER, Reason.BAD_IDENTITY})
 
 
 class ProtocolError(Exception):

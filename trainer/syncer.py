@@ -41,7 +41,7 @@ from .protocol import MAX_POLL_MS, FrameType, ProtocolError, Reason, Status
 from .quarantine import Quarantine
 from .ranks import param_digest
 from .served import DELTA_ENCODINGS, ServedFragment
-from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, tensor_norm
+from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, check_position, tensor_norm
 from .atomic import atomic_write_json
 from .group_commit import GroupCommit, write_staged
 from .state import StateDir, load_tensors, read_json, remove_stale_temporaries, with_metadata
@@ -463,14 +463,32 @@ class Syncer:
         except wire.DeadlineExceeded as exc:
             raise ProtocolError(Reason.HANDSHAKE_TIMEOUT,
                                 f"no verified HELLO within {self.cfg.handshake_timeout:g} s ({exc})") from exc
+        except wire.FrameError as exc:
+            if exc.reason != Reason.BAD_MAC:
+                raise
+            who = channel.session.identity
+            raise wire.FrameError(Reason.BAD_MAC,
+                                  f"the first frame of a connection opened as learner {who} does not verify under "
+                                  f"learner {who}'s key (another learner's key, another run's secret, a replay, "
+                                  "or tampered)") from exc
         if hello.type != FrameType.HELLO:
             raise wire.FrameError(Reason.PROTOCOL, f"first frame must be HELLO, got {hello.type!r}")
+        self._check_identity(hello, channel)
         with self.cond:
             admitted = self.admission.authenticate(conn_id)
         if not admitted:
             raise ProtocolError(Reason.CONNECTION_LIMIT,
                                 f"{self.cfg.max_connections} authenticated connections are open (--max-connections)")
         return hello
+
+    @staticmethod
+    def _check_identity(hello: wire.Frame, channel: wire.Channel) -> None:
+        """A HELLO speaks only for the learner whose key keyed the connection (keys.py)."""
+        named = wire.header_int(hello.header, "learner")
+        if named != channel.session.identity:
+            raise ProtocolError(Reason.BAD_IDENTITY,
+                                f"HELLO as learner {named} on a connection opened with learner "
+                                f"{channel.session.identity}'s key: a learner speaks only as itself")
 
     def _serve_connection(self, sock: socket.socket, conn_id: int, peer: tuple) -> None:
         """One connection, from handshake to close. Whatever a peer sends, the thread ends
@@ -490,6 +508,8 @@ class Syncer:
             while self._running:
                 self.counters["bytes_in"] += frame.wire_bytes
                 try:
+                    if frame.type == FrameType.HELLO:
+                        self._check_identity(frame, channel)
                     reply, learner = self._dispatch(frame, conn_id, learner, sock)
                 except ProtocolError as exc:
                     self._refuse(channel, exc, learner, peer)
@@ -732,6 +752,8 @@ class Syncer:
             if not known:
                 self.bounds.check_counts(steps=steps, tokens=tokens, step_tokens=step_tokens,
                                          claimed=m.claimed.get(index, 0), elapsed=time.time() - m.since)
+                check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
+                               self.train.sync_every)
                 self.norms[index].check(per_round_norm, lambda: tensor_norm(frag.params))
             if known and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
@@ -818,6 +840,8 @@ class Syncer:
             m = self.members.current(learner, conn_id)
             if m is None:
                 return None
+            check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
+                           self.train.sync_every)
             m.position = max(m.position, position)
             if rnd != self.sync.round:
                 self.counters["resyncs"] += 1

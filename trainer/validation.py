@@ -11,6 +11,8 @@ has seen:
 - `tokens` ≤ steps × --max-step-tokens, and `step_tokens` ≤ --max-step-tokens.
 - `seq`, `position`, `incarnation` < 2^53 (wire.header_int); `base_version` ≤ the
   fragment's version (a push cannot be based on a version not served yet).
+- `position` ≤ the position the incarnation was welcomed at + --max-step-rate × the
+  seconds since it joined + 4 rounds (check_position: one data window per inner step).
 - the pseudo-gradient is finite after decoding (codec.decode), and its norm per round
   (‖Δ‖ / rounds spanned) is at most --max-norm-ratio × the median of the fragment's last
   32 accepted pushes once 8 are known; before that, at most ABSOLUTE_NORM_RATIO × (‖Θ_f‖
@@ -94,3 +96,16 @@ class NormGuard:
 
     def note(self, per_round_norm: float) -> None:
         self.recent.append(per_round_norm)
+
+
+def check_position(position: int, start: int, elapsed: float, max_step_rate: float, sync_every: int) -> None:
+    """A claimed data position (windows consumed, across incarnations) is at most where
+    this incarnation started plus what it can have consumed since: one window per inner
+    step, at --max-step-rate, plus SLACK_ROUNDS rounds. Without it a learner's own next
+    incarnation could be welcomed at position 2^53 - 1 (issue 27)."""
+    allowed = start + max_step_rate * max(0.0, elapsed) + SLACK_ROUNDS * sync_every
+    if position > allowed:
+        raise ProtocolError(Reason.OUT_OF_BOUNDS,
+                            f"position={position}: this incarnation started at {start} and can have consumed at "
+                            f"most {allowed - start:.0f} windows in {elapsed:.1f} s (--max-step-rate "
+                            f"{max_step_rate:g}/s + {SLACK_ROUNDS} rounds)")

@@ -1,10 +1,12 @@
 """Length-prefixed frames over one TCP connection, authenticated per connection.
 
-Handshake (TLS-PSK style: both sides contribute a random, the key binds both):
+Handshake (TLS-PSK style: the learner names its PSK identity, both sides contribute a
+random, the key binds all three):
 
-    learner → syncer   magic "ISLD" | version u8 | 3 pad | client random (32 B)   (40 bytes)
-    syncer → learner   magic "ISLD" | version u8 | 3 pad | server random (32 B)   (40 bytes)
-    session key K = HMAC-SHA256(secret, "islands/2 session" | client random | server random)
+    learner → syncer   magic "ISLD" | version u8 | learner id u24 | client random (32 B)   (40 bytes)
+    syncer → learner   magic "ISLD" | version u8 | 3 pad | server random (32 B)            (40 bytes)
+    key_N = HKDF-SHA256(run secret, "islands/3 learner N")        (keys.py; learner N holds only this)
+    session key K = HMAC-SHA256(key_N, "islands/3 session" | N u24 | client random | server random)
 
 Every frame after it (network byte order):
 
@@ -24,7 +26,13 @@ MAC. We chose the TLS shape over SSH's (key exchange + signatures) because both 
 already share a secret: a PSK handshake needs no public-key machinery, one round trip,
 and no state beyond the two randoms. Tensors travel as safetensors, which cannot execute
 code (no pickle, ever); the crc32 in the header catches corruption independently of the
-MAC and names it precisely. Headers are parsed with bounded depth, length and numbers.
+MAC and names it precisely.
+
+Identity. Learner N holds key_N, never the run secret; the syncer derives key_N from the
+id in the opening. So every frame of a connection, HELLO included, verifies only under the
+key of the learner the connection was opened as, and the syncer refuses a HELLO whose
+`learner` is not that id (bad_identity): holding learner 2's key, a process can speak only
+as learner 2. Headers are parsed with bounded depth, length and numbers.
 """
 from __future__ import annotations
 
@@ -44,12 +52,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from .keys import is_key_file_text, learner_key
 from .protocol import REPLY_TYPES, REQUEST_TYPES, FrameFault, FrameType, Reason
 
 MAGIC = b"ISLD"
-VERSION = 2
+VERSION = 3
 PREFIX = struct.Struct("!4sB3xIQ")
-HANDSHAKE = struct.Struct("!4sB3x32s")
+HANDSHAKE = struct.Struct("!4sB3x32s")          # the syncer's answer
+OPENING = struct.Struct("!4sB3s32s")            # the learner's: its id in the 3 bytes
+MAX_IDENTITY = (1 << 24) - 1
 RANDOM_BYTES = 32
 MAC_LEN = 32
 COUNTER = struct.Struct("!Q")
@@ -63,7 +74,7 @@ DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 SECRET_ENV = "ISLANDS_SECRET"
 SECRET_FILE_ENV = "ISLANDS_SECRET_FILE"
 MIN_SECRET_BYTES = 16
-_KEY_LABEL = b"islands/2 session"
+_KEY_LABEL = b"islands/3 session"
 
 # Frame types, under their old names (the enum is the one list).
 HELLO, WELCOME = FrameType.HELLO, FrameType.WELCOME
@@ -130,6 +141,9 @@ def load_secret(secret_file: str | None = None) -> bytes:
         except OSError as exc:
             raise ValueError(f"{origin}: cannot read {path}: {exc.strerror}") from exc
         source = f"secret file {path}"
+        if is_key_file_text(secret):
+            raise ValueError(f"{origin}: {path} is a learner's key file, not the run secret "
+                             "(a learner takes its key with --key-file)")
     else:
         secret = os.environ.get(SECRET_ENV, "").encode()
         source = f"${SECRET_ENV}"
@@ -160,8 +174,10 @@ def message(ftype: FrameType | str, header: dict | None = None, tensors: dict[st
 
 # ----------------------------------------------------------------------------- sessions
 
-def derive_key(secret: bytes, client_random: bytes, server_random: bytes) -> bytes:
-    return hmac.new(secret, _KEY_LABEL + client_random + server_random, hashlib.sha256).digest()
+def derive_key(key: bytes, client_random: bytes, server_random: bytes, identity: int = 0) -> bytes:
+    """The session key of one connection opened as learner `identity` with its key."""
+    return hmac.new(key, _KEY_LABEL + identity.to_bytes(3, "big") + client_random + server_random,
+                    hashlib.sha256).digest()
 
 
 class Session:
@@ -170,8 +186,9 @@ class Session:
     Each direction numbers its frames from 0; a frame's MAC covers its direction and
     number, so frames cannot be replayed, reordered or reflected back to their sender."""
 
-    def __init__(self, key: bytes, client: bool) -> None:
+    def __init__(self, key: bytes, client: bool, identity: int = 0) -> None:
         self._key = key
+        self.identity = identity  # the learner this connection was opened as (its key's owner)
         self._out, self._in = (b"C", b"S") if client else (b"S", b"C")
         self.sent = 0
         self.received = 0
@@ -201,26 +218,49 @@ def _check_lead(data: bytes, what: str) -> None:
         raise FrameFault(Reason.BAD_VERSION, f"{what} speaks wire version {data[4]}, expected {VERSION}")
 
 
-def _check_hello(data: bytes, who: str) -> bytes:
-    _check_lead(data, f"the {who}'s handshake")
-    return HANDSHAKE.unpack(data)[2]
-
-
-def client_handshake(sock: socket.socket, secret: bytes, deadline: float) -> Session:
-    """Send our random, read the server's: the session for this connection."""
+def client_handshake(sock: socket.socket, key: bytes, deadline: float, identity: int) -> Session:
+    """Name ourselves (learner `identity`, holding `key` = key_N), send our random, read
+    the server's: the session for this connection."""
+    if not 0 <= identity <= MAX_IDENTITY:
+        raise ValueError(f"learner id {identity} does not fit the opening (0..{MAX_IDENTITY})")
     client_random = os.urandom(RANDOM_BYTES)
-    send_all(sock, HANDSHAKE.pack(MAGIC, VERSION, client_random), deadline)
-    server_random = _check_hello(_recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True), "server")
-    return Session(derive_key(secret, client_random, server_random), client=True)
+    send_all(sock, OPENING.pack(MAGIC, VERSION, identity.to_bytes(3, "big"), client_random), deadline)
+    reply = _recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True)
+    _check_lead(reply, "the server's handshake")
+    server_random = HANDSHAKE.unpack(reply)[2]
+    return Session(derive_key(key, client_random, server_random, identity), client=True, identity=identity)
 
 
 def server_handshake(sock: socket.socket, secret: bytes, deadline: float) -> Session:
-    """Read the client's random (40 fixed bytes: all an unauthenticated peer can make us
-    read before its HELLO), answer with ours."""
-    client_random = _check_hello(_recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True), "client")
+    """Read the client's opening (40 fixed bytes: all an unauthenticated peer can make us
+    read before its HELLO), answer with ours. The session is keyed with key_N of the id
+    the opening names, so nothing on it verifies unless the peer holds that key."""
+    opening = _recv_exact(sock, HANDSHAKE.size, deadline, at_boundary=True)
+    if opening[:4] != MAGIC:
+        raise FrameFault(Reason.BAD_MAGIC, f"the client's handshake starts with {opening[:4]!r}, expected {MAGIC!r}")
+    if opening[4] != VERSION:
+        raise FrameFault(Reason.BAD_VERSION, f"the client's handshake speaks wire version {opening[4]}, "
+                                             f"expected {VERSION}")
+    _, _, ident, client_random = OPENING.unpack(opening)
+    identity = int.from_bytes(ident, "big")
     server_random = os.urandom(RANDOM_BYTES)
     send_all(sock, HANDSHAKE.pack(MAGIC, VERSION, server_random), deadline)
-    return Session(derive_key(secret, client_random, server_random), client=False)
+    key = _learner_key_cached(secret, identity)
+    return Session(derive_key(key, client_random, server_random, identity), client=False, identity=identity)
+
+
+_KEY_CACHE: dict[tuple[bytes, int], bytes] = {}
+
+
+def _learner_key_cached(secret: bytes, identity: int) -> bytes:
+    """key_N, derived once per (secret, id) seen: two HMACs per connection saved, and the
+    cache stays small (ids are u24, but only real ones recur; it is cleared past 4096)."""
+    got = _KEY_CACHE.get((secret, identity))
+    if got is None:
+        if len(_KEY_CACHE) > 4096:
+            _KEY_CACHE.clear()
+        got = _KEY_CACHE[(secret, identity)] = learner_key(secret, identity)
+    return got
 
 
 # ----------------------------------------------------------------------------- reading
@@ -343,8 +383,9 @@ class Channel:
         self.session = session
 
     @classmethod
-    def connect(cls, sock: socket.socket, secret: bytes, deadline: float) -> "Channel":
-        return cls(sock, client_handshake(sock, secret, deadline))
+    def connect(cls, sock: socket.socket, key: bytes, deadline: float, identity: int) -> "Channel":
+        """A learner's connection: `key` is key_N of learner `identity` (keys.learner_key)."""
+        return cls(sock, client_handshake(sock, key, deadline, identity))
 
     def send(self, msg: Message, deadline: float) -> int:
         data = self.session.seal(msg)
@@ -384,5 +425,5 @@ def header_str(header: dict, key: str, choices: tuple[str, ...] | None = None, m
 
 __all__ = ["ACK", "BEAT", "BYE", "ERROR", "FRAGMENT", "GRAD", "HELLO", "HEARTBEAT", "MEAN", "PULL", "PUSH",
            "REPLY_TYPES", "REQUEST_TYPES", "WELCOME", "Channel", "DeadlineExceeded", "Frame", "FrameError",
-           "Message", "PeerClosed", "Session", "client_handshake", "header_int", "header_str", "load_secret",
+           "Message", "OPENING", "PeerClosed", "Session", "client_handshake", "header_int", "header_str", "load_secret",
            "message", "parse_header", "read_frame", "send_all", "server_handshake"]

@@ -25,14 +25,17 @@ import yaml
 from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from trainer.runspec import RunSpec
+from trainer.keys import write_key_files
 from trainer.secretfile import ensure_secret
+from trainer.wire import load_secret
 from trainer.task import BUILTIN_TASKS
 
 from ..client import NotFound, ToxiproxyClient, Unreachable
 from ..filelock import hold, holder
 from ..processes import islands_home, proc_start_time
 from .base import Cluster, UnknownTarget
-from .compose_file import PROXY_BASE_PORT, SYNCER_UPSTREAM, defined_learners, learner_command, load_services
+from .compose_file import (KEY_DIR_ENV, PROXY_BASE_PORT, SYNCER_UPSTREAM, defined_learners, key_secrets,
+                           learner_command, learner_service, load_services)
 from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
 from .compose_guard import ClusterBusy, refuse_if_busy
 from .ranks import SIGNAL_RANK_SCRIPT, published_ranks, split_rank, wait_for_rank
@@ -239,19 +242,29 @@ class ComposeCluster(Cluster):
             raise ComposeError(f"{self.compose_file} defines no learner-N service")
         template = defined[min(defined)]
         services: dict[str, dict] = {}
+        added: list[int] = []
         for i in range(1, self.learners + 1):
             extra = [str(a) for a in self.learner_args.get(i, [])]
             if i in defined and not extra:
                 continue
-            base = defined.get(i) or template
-            command = learner_command(base["command"], i, extra)
-            services[f"learner-{i}"] = {**base, "command": command} if i not in defined else {"command": command}
-        return {"services": services} if services else {}
+            if i in defined:
+                services[f"learner-{i}"] = {"command": learner_command(defined[i]["command"], i, extra)}
+            else:  # a learner compose.yaml lacks: the template's service, with its own key
+                services[f"learner-{i}"] = learner_service(template, i, extra)
+                added.append(i)
+        if not services:
+            return {}
+        return {"services": services, **({"secrets": key_secrets(added)} if added else {})}
 
     def _compose_env(self) -> dict[str, str]:
         # The path, never the value: compose.yaml mounts the file into the syncer and learners
         # as a compose secret, since `docker inspect` shows a container's environment.
         secret_file = ensure_secret(self.run_dir / "secret")
+        # Each learner mounts only its own key (compose.yaml's islands_key_N): written here,
+        # for every learner compose.yaml defines too, since compose checks every secret's file.
+        key_dir = self.run_dir / "keys"
+        defined = defined_learners(load_services(self.compose_file))
+        write_key_files(key_dir, load_secret(str(secret_file)), max(self.learners, *defined, 1))
         self.toxiproxy_port = _free_port()
         task_dir, task = self._container_task()
         # The containers' view of the spec: data and task at their paths inside. Per-learner
@@ -263,7 +276,7 @@ class ComposeCluster(Cluster):
             if any(not a or any(ch.isspace() for ch in a) for a in args):
                 raise ValueError(f"trainer_args: the compose backend passes flags split on spaces; "
                                  f"{shlex.join(args)} holds an empty or spaced value")
-        return {"ISLANDS_SECRET_FILE": str(secret_file), "ISLANDS_RUN_DIR": str(self.run_dir),
+        return {"ISLANDS_SECRET_FILE": str(secret_file), KEY_DIR_ENV: str(key_dir), "ISLANDS_RUN_DIR": str(self.run_dir),
                 "ISLANDS_LEARNERS": str(self.learners), "ISLANDS_SYNCER_ARGS": " ".join(syncer_args),
                 "ISLANDS_LEARNER_ARGS": " ".join(learner_args), "TOXIPROXY_PORT": str(self.toxiproxy_port),
                 "ISLANDS_IMAGE": self.image, "ISLANDS_TASK_DIR": task_dir, "ISLANDS_TASK": task,

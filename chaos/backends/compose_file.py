@@ -2,7 +2,9 @@
 
 compose.yaml is the one source of truth for what a container runs. The compose backend
 overrides it for learners beyond the three it defines; the swarm backend renders a stack
-file from it (stack.py). Both patch a learner's command the same way, here.
+file from it (stack.py). Both patch a learner's command and key the same way, here: learner
+N mounts only the secret `islands_key_N` (its own key file, trainer/keys.py), never the
+run's secret, which only the syncer mounts.
 """
 from __future__ import annotations
 
@@ -12,6 +14,22 @@ import yaml
 
 PROXY_BASE_PORT = 21000  # learner-N's proxy listens on PROXY_BASE_PORT + N (docker/toxiproxy.json)
 SYNCER_UPSTREAM = "syncer:7000"
+KEY_DIR_ENV = "ISLANDS_KEY_DIR"            # host folder of learner-N.key files (trainer.keys)
+DEFAULT_KEY_DIR = "./runs/compose/keys"
+
+
+def key_secret(learner: int) -> str:
+    """The compose/Docker secret that holds learner N's key, and only it."""
+    return f"islands_key_{learner}"
+
+
+def key_mount(learner: int) -> str:
+    return f"/run/secrets/{key_secret(learner)}"
+
+
+def key_secrets(learners: range | list[int]) -> dict[str, dict]:
+    """Top-level `secrets:` entries for these learners' key files (variables resolved by compose)."""
+    return {key_secret(n): {"file": f"${{{KEY_DIR_ENV}:-{DEFAULT_KEY_DIR}}}/learner-{n}.key"} for n in learners}
 
 
 def load_services(*files: Path) -> dict[str, dict]:
@@ -38,4 +56,11 @@ def learner_command(base: list, learner: int, extra: list[str] | tuple[str, ...]
     command = [str(a) for a in base]
     command[command.index("--learner") + 1] = str(learner)
     command[command.index("--connect") + 1] = f"toxiproxy:{PROXY_BASE_PORT + learner}"
+    if "--key-file" in command:
+        command[command.index("--key-file") + 1] = key_mount(learner)
     return command + [str(a) for a in extra]
+
+
+def learner_service(base: dict, learner: int, extra: list[str] | tuple[str, ...] = ()) -> dict:
+    """`base` (a learner service) made learner N's: its command, and its own key as its one secret."""
+    return {**base, "command": learner_command(base["command"], learner, extra), "secrets": [key_secret(learner)]}

@@ -22,7 +22,9 @@ from ..spares import SparePool, start_spares
 from ..supervisor import Supervisor
 from trainer.events import EventLog
 from trainer.runspec import RunSpec
+from trainer.keys import write_key_files
 from trainer.secretfile import ensure_secret
+from trainer.wire import load_secret
 
 from .base import Cluster
 from .ranks import published_rank_pid, split_rank, wait_for_rank
@@ -64,6 +66,8 @@ class LocalCluster(Cluster):
         self.leftovers = self.registry.reap_leftovers()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         secret_file = ensure_secret(self.run_dir / "secret")
+        # Each learner gets only its own key (trainer/keys.py); the run secret is the syncer's.
+        self.key_files = write_key_files(self.run_dir / "keys", load_secret(str(secret_file)), self.learners)
         self.env = {**os.environ, **self.spec.env, "ISLANDS_SECRET_FILE": str(secret_file),
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
         self._start_spares()
@@ -167,7 +171,7 @@ class LocalCluster(Cluster):
         port = self.proxy_ports[f"learner-{i}"]
         return self._spawn(f"learner-{i}", [
             sys.executable, "-m", "trainer", "learner", "--learner", str(i), "--connect", f"127.0.0.1:{port}",
-            "--run-dir", str(self.run_dir), *self.spec.learner_flags(i)])
+            "--run-dir", str(self.run_dir), "--key-file", str(self.key_files[i]), *self.spec.learner_flags(i)])
 
     def stop(self) -> None:
         """Heal the links, SIGTERM learners (they push what is left), then the syncer."""

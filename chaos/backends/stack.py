@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from .compose_file import defined_learners, learner_command, load_services
+from .compose_file import defined_learners, key_secrets, learner_service, load_services
 
 STACK_FORMAT = "3.8"  # the newest format the Debian docker.io 20.10 client reads as well
 RESTART_DELAY = "2s"
@@ -109,7 +109,7 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
     template = defined[min(defined)]
     for i in range(1, learners + 1):
         base = defined.get(i) or template
-        svc = {**base, "command": learner_command(base["command"], i, (learner_args or {}).get(i, ()))}
+        svc = learner_service(base, i, (learner_args or {}).get(i, ()))  # its own key, as a Docker secret
         out[f"learner-{i}"] = _swarm_service(svc, _deploy(placement.learners, placement.preferences), health=False)
 
     document = yaml_document(compose_files[0])
@@ -121,8 +121,11 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
     stack["networks"] = networks
     if document.get("volumes"):
         stack["volumes"] = document["volumes"]
-    if document.get("secrets"):
-        stack["secrets"] = document["secrets"]
+    # The run secret (the syncer's) and the key of each learner this stack runs, no other.
+    secrets = {name: spec for name, spec in (document.get("secrets") or {}).items()
+               if not name.startswith("islands_key_")}
+    secrets.update(key_secrets(range(1, learners + 1)))
+    stack["secrets"] = secrets
     if configs:
         stack["configs"] = configs
     return stack

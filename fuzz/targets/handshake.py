@@ -7,6 +7,7 @@ import types
 
 from fuzz.targets.support import CLIENT_RANDOM, FAR, SECRET, SERVER_RANDOM, BytesSocket, sealed
 from trainer import wire
+from trainer.keys import learner_key
 from trainer.protocol import FrameFault
 
 NAME = "handshake"
@@ -22,7 +23,7 @@ def _stream(data: bytes) -> bytes:
     if data[0] % 2 == 0:
         return data[1:]
     opening = wire.HANDSHAKE.pack(wire.MAGIC, wire.VERSION, CLIENT_RANDOM)
-    key = wire.derive_key(SECRET, CLIENT_RANDOM, SERVER_RANDOM)
+    key = wire.derive_key(learner_key(SECRET, 0), CLIENT_RANDOM, SERVER_RANDOM)  # the opening names learner 0
     return opening + sealed(data[1:], b"", key=key)
 
 

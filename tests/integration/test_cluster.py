@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from trainer import wire
+from trainer.keys import learner_key
 from trainer.codec import encode
 from trainer.config import TrainConfig
 from trainer.data import load_corpus
@@ -141,7 +142,7 @@ def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
         # An authenticated learner-3 that sends a NaN and a wrong-shape pseudo-gradient.
         with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
             deadline = time.monotonic() + 10
-            channel = wire.Channel.connect(s, secret, deadline)
+            channel = wire.Channel.connect(s, learner_key(secret, 3), deadline, 3)
             welcome = channel.request(wire.message(wire.HELLO, {"learner": 3, "nonce": "test", "mode": "decoupled",
                                                                 "want_params": True}), deadline)
             names = welcome.header["fragments"][0]

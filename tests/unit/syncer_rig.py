@@ -15,6 +15,7 @@ from trainer import wire
 from trainer.codec import encode
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.events import iter_file
+from trainer.keys import learner_key
 from trainer.model import ModelConfig, build_model
 from trainer.syncer import Syncer
 
@@ -68,16 +69,32 @@ def poll_until(predicate, what: str, timeout: float = TIMEOUT) -> None:
 
 
 class Client:
-    """A learner's side of the wire, from a plain socket: handshake, then sealed frames."""
+    """A learner's side of the wire, from a plain socket: handshake, then sealed frames.
 
-    def __init__(self, address: tuple[str, int]) -> None:
+    The handshake names the learner and uses its key (trainer/keys.py), so it waits for
+    the first request: `hello(N)` opens as learner N (with key_N, or `key` if given: an
+    impostor's), anything else first as `learner` (default 1)."""
+
+    def __init__(self, address: tuple[str, int], learner: int | None = None, key: bytes | None = None) -> None:
         self.sock = socket.create_connection(address, timeout=10)
-        self.channel = wire.Channel.connect(self.sock, SECRET, time.monotonic() + 10)
+        self.learner = learner
+        self.key = key
+        self._channel: wire.Channel | None = None
+
+    @property
+    def channel(self) -> wire.Channel:
+        if self._channel is None:
+            learner = self.learner if self.learner is not None else 1
+            key = self.key if self.key is not None else learner_key(SECRET, learner)
+            self._channel = wire.Channel.connect(self.sock, key, time.monotonic() + 10, learner)
+        return self._channel
 
     def send(self, msg: wire.Message) -> wire.Frame:
         return self.channel.request(msg, time.monotonic() + 10)
 
     def request(self, ftype: str, header: dict | None = None, tensors=None) -> wire.Frame:
+        if ftype == wire.HELLO and self._channel is None and self.learner is None and header:
+            self.learner = header.get("learner") if isinstance(header.get("learner"), int) else None
         return self.send(wire.message(ftype, header, tensors))
 
     def hello(self, learner: int, nonce: str, mode: str = "decoupled") -> wire.Frame:
@@ -124,9 +141,11 @@ class Rig:
         s.start()
         return s
 
-    def client(self, s: Syncer) -> Client:
+    def client(self, s: Syncer, learner: int | None = None, key: bytes | None = None) -> Client:
+        """`learner`, `key`: open as that learner with that key (default: the learner of
+        the first HELLO, with its own key)."""
         assert s.address is not None
-        c = Client(s.address)
+        c = Client(s.address, learner, key)
         self.clients.append(c)
         return c
 

@@ -39,7 +39,7 @@ def test_per_learner_flags_only_extend_that_learners_command(tmp_path: Path) -> 
     assert list(services["services"]) == ["learner-2"]
     assert services["services"]["learner-2"] == {"command": [
         "trainer", "learner", "--learner", "2", "--connect", f"toxiproxy:{PROXY_BASE_PORT + 2}",
-        "--run-dir", "/islands/run", "--speed", "0.25"]}
+        "--run-dir", "/islands/run", "--key-file", "/run/secrets/islands_key_2", "--speed", "0.25"]}
 
 
 def test_environment_carries_the_run_settings_and_a_private_secret(tmp_path: Path) -> None:
@@ -67,11 +67,29 @@ def test_compose_gets_the_secrets_path_and_never_its_value(tmp_path: Path) -> No
     assert "ISLANDS_SECRET" not in env
 
 
-def test_generated_learners_mount_the_secret_file_too(tmp_path: Path) -> None:
-    for name, service in ComposeCluster(tmp_path, learners=5)._learner_overrides()["services"].items():
-        assert service["secrets"] == ["islands_secret"], name
-        assert service["environment"]["ISLANDS_SECRET_FILE"] == "/run/secrets/islands_secret", name
+def test_generated_learners_mount_only_their_own_key(tmp_path: Path) -> None:
+    """Issue 27: learner N gets the secret islands_key_N, never the run's secret."""
+    overrides = ComposeCluster(tmp_path, learners=5)._learner_overrides()
+    assert sorted(overrides["services"]) == ["learner-4", "learner-5"]
+    for name, service in overrides["services"].items():
+        n = int(name.split("-")[1])
+        assert service["secrets"] == [f"islands_key_{n}"], name
+        assert service["command"][service["command"].index("--key-file") + 1] == f"/run/secrets/islands_key_{n}"
+        assert "ISLANDS_SECRET_FILE" not in service["environment"], name
         assert "ISLANDS_SECRET" not in service["environment"], name
+    assert overrides["secrets"] == {f"islands_key_{n}": {"file": f"${{ISLANDS_KEY_DIR:-./runs/compose/keys}}/learner-{n}.key"}
+                                    for n in (4, 5)}
+
+
+def test_the_environment_points_at_one_key_file_per_learner(tmp_path: Path) -> None:
+    from trainer.keys import learner_key, load_key_file
+    cluster = ComposeCluster(tmp_path / "run", learners=4)
+    cluster.run_dir.mkdir(parents=True)
+    env = cluster._compose_env()
+    secret = (cluster.run_dir / "secret").read_bytes().strip()
+    for n in (1, 2, 3, 4):
+        path = Path(env["ISLANDS_KEY_DIR"]) / f"learner-{n}.key"
+        assert load_key_file(path, n) == learner_key(secret, n) and path.stat().st_mode & 0o077 == 0
 
 
 def test_the_syncer_scores_the_same_data_file_the_learners_train_on(tmp_path: Path) -> None:

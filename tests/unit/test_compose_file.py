@@ -151,12 +151,19 @@ def test_no_environment_carries_the_secret() -> None:
         assert not leaking, f"{name}: {leaking} would put the secret in the environment"
 
 
-def test_the_secret_reaches_the_syncer_and_learners_as_a_compose_secret_file() -> None:
+def test_the_secret_reaches_the_syncer_alone_and_each_learner_only_its_own_key() -> None:
+    """Issue 27: a learner holding the run secret (or another's key) could speak as any learner."""
     assert COMPOSE["secrets"][SECRET_NAME] == {"file": "${ISLANDS_SECRET_FILE:-./runs/compose/secret}"}
-    for name in ISLANDS_SERVICES:
+    assert SERVICES["syncer"]["secrets"] == [SECRET_NAME]
+    assert _environment(SERVICES["syncer"])["ISLANDS_SECRET_FILE"] == SECRET_MOUNT
+    for name in LEARNERS:
+        n = int(name.split("-")[1])
         service = SERVICES[name]
-        assert SECRET_NAME in service.get("secrets", []), f"{name} does not mount the secret"
-        assert _environment(service)["ISLANDS_SECRET_FILE"] == SECRET_MOUNT, name
+        assert service.get("secrets") == [f"islands_key_{n}"], f"{name} must mount its own key and nothing else"
+        assert COMPOSE["secrets"][f"islands_key_{n}"] == {"file": f"${{ISLANDS_KEY_DIR:-./runs/compose/keys}}/learner-{n}.key"}
+        command = service["command"]
+        assert command[command.index("--key-file") + 1] == f"/run/secrets/islands_key_{n}", name
+        assert "ISLANDS_SECRET_FILE" not in _environment(service), f"{name} must not be pointed at the run secret"
     assert "secrets" not in SERVICES["toxiproxy"], "the proxy never needs the secret"
 
 
@@ -176,8 +183,10 @@ def test_the_rendered_config_mounts_the_secret_and_never_shows_it(version: str, 
     value = "f00d" * 16
     secret = tmp_path / "secret"
     secret.write_text(value)
+    from trainer.keys import write_key_files
+    keys = write_key_files(tmp_path / "keys", value.encode(), len(LEARNERS))
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("ISLANDS_")},
-           "ISLANDS_SECRET": value, "ISLANDS_SECRET_FILE": str(secret)}
+           "ISLANDS_SECRET": value, "ISLANDS_SECRET_FILE": str(secret), "ISLANDS_KEY_DIR": str(tmp_path / "keys")}
     text = _rendered(version, files, env)
     assert value not in text
     config = yaml.safe_load(text)
@@ -185,6 +194,11 @@ def test_the_rendered_config_mounts_the_secret_and_never_shows_it(version: str, 
     for name in ISLANDS_SERVICES:
         service = config["services"][name]
         mounted = [s if isinstance(s, str) else s["source"] for s in service["secrets"]]
-        assert mounted == [SECRET_NAME], name
-        assert _environment(service)["ISLANDS_SECRET_FILE"] == SECRET_MOUNT, name
+        if name == "syncer":
+            assert mounted == [SECRET_NAME], name
+            assert _environment(service)["ISLANDS_SECRET_FILE"] == SECRET_MOUNT, name
+        else:
+            n = int(name.split("-")[1])
+            assert mounted == [f"islands_key_{n}"], name
+            assert Path(config["secrets"][f"islands_key_{n}"]["file"]) == keys[n]
         assert "ISLANDS_SECRET" not in _environment(service), name

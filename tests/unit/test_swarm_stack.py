@@ -170,3 +170,19 @@ def test_one_run_holds_a_stack_at_a_time(tmp_path: Path, monkeypatch: pytest.Mon
     first.release_project()
     second.claim_project()
     second.release_project()
+
+
+def test_each_learner_service_gets_only_its_own_key_as_a_docker_secret() -> None:
+    """Issue 27: with the run secret, or another's key, a learner could speak as any learner."""
+    stack = render_stack(FILES, learners=5)
+    assert stack["services"]["syncer"]["secrets"] == ["islands_secret"]
+    for n in range(1, 6):
+        svc = stack["services"][f"learner-{n}"]
+        assert svc["secrets"] == [f"islands_key_{n}"], n
+        assert svc["command"][svc["command"].index("--key-file") + 1] == f"/run/secrets/islands_key_{n}"
+        assert "ISLANDS_SECRET_FILE" not in (svc.get("environment") or {}), n
+    assert sorted(stack["secrets"]) == ["islands_key_1", "islands_key_2", "islands_key_3", "islands_key_4",
+                                        "islands_key_5", "islands_secret"]
+    assert stack["secrets"]["islands_key_5"] == {"file": "${ISLANDS_KEY_DIR:-./runs/compose/keys}/learner-5.key"}
+    fewer = render_stack(FILES, learners=2)
+    assert sorted(fewer["secrets"]) == ["islands_key_1", "islands_key_2", "islands_secret"]

@@ -13,6 +13,7 @@ import torch
 
 from tests.unit.syncer_rig import H, SECRET, TOKENS, Client, Rig, merged_ids, poll_until, push_frame, wait_until
 from trainer import wire
+from trainer.keys import learner_key
 from trainer.codec import encode
 from trainer.state import save_tensors
 
@@ -129,7 +130,7 @@ def test_3_a_captured_hello_or_push_is_worthless_elsewhere(rig: Rig) -> None:
     s = rig.start(quorum=2, grace=3600.0)
     assert s.address is not None
     rec = Recorder(socket.create_connection(s.address, timeout=5))
-    channel = wire.Channel.connect(rec, SECRET, time.monotonic() + 10)  # type: ignore[arg-type]
+    channel = wire.Channel.connect(rec, learner_key(SECRET, 1), time.monotonic() + 10, 1)  # type: ignore[arg-type]
     hello = wire.message(wire.HELLO, {"learner": 1, "nonce": "real", "mode": "decoupled", "want_params": False})
     assert channel.request(hello, time.monotonic() + 10).header["incarnation"] == 1
     captured_hello = bytes(rec.sent)

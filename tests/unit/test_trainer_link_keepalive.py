@@ -29,7 +29,7 @@ def test_the_learners_socket_probes_a_silent_peer(tmp_path, monkeypatch: pytest.
     class Stop(Exception):
         pass
 
-    def capture(sock, secret, deadline):  # the handshake's first step: look at the socket, go no further
+    def capture(sock, secret, deadline, identity):  # the handshake's first step: look at the socket, go no further
         seen.append(liveness_of(sock))
         raise Stop()
 

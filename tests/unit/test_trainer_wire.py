@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from trainer import wire
+from trainer.keys import learner_key
 from trainer.wire import (DEFAULT_MAX_PAYLOAD, MAC_LEN, MAGIC, MAX_HEADER_BYTES, PREFIX, VERSION, DeadlineExceeded,
                           Frame, FrameError, PeerClosed, load_secret)
 
@@ -82,7 +83,7 @@ def _raw_frame(secret: bytes, header_bytes: bytes, payload: bytes = b"", version
                magic: bytes = MAGIC, counter: int = 0) -> bytes:
     """A learner's frame number `counter`, assembled by hand from the documented layout,
     with a correct MAC."""
-    key = hmac.new(secret, b"islands/2 session" + CLIENT_RANDOM + SERVER_RANDOM, hashlib.sha256).digest()
+    key = hmac.new(secret, b"islands/3 session" + bytes(3) + CLIENT_RANDOM + SERVER_RANDOM, hashlib.sha256).digest()
     prefix = struct.pack("!4sB3xIQ", magic, version, len(header_bytes), len(payload))
     mac = hmac.new(key, b"C" + struct.pack("!Q", counter) + prefix + header_bytes + payload, hashlib.sha256).digest()
     return prefix + header_bytes + payload + mac
@@ -401,12 +402,15 @@ def test_secret_file_unreadable(clean_env, tmp_path) -> None:
 
 # ----------------------------------------------------------------------------- sessions (issue 15)
 
-def _handshake(pair, secret_client: bytes = SECRET, secret_server: bytes = SECRET) -> tuple[wire.Session, wire.Session]:
+def _handshake(pair, secret_client: bytes = SECRET, secret_server: bytes = SECRET, identity: int = 1,
+               key: bytes | None = None) -> tuple[wire.Session, wire.Session]:
+    """A connection opened as learner `identity`, with key_identity of `secret_client` (or `key`)."""
     a, b = pair
     out: dict = {}
     t = threading.Thread(target=lambda: out.setdefault("server", wire.server_handshake(b, secret_server, _deadline())))
     t.start()
-    client = wire.client_handshake(a, secret_client, _deadline())
+    client = wire.client_handshake(a, key if key is not None else learner_key(secret_client, identity), _deadline(),
+                                   identity)
     t.join(timeout=10)
     return client, out["server"]
 
@@ -451,6 +455,26 @@ def test_a_wrong_secret_makes_another_key(pair) -> None:
     client, server = _handshake(pair, secret_client=OTHER)
     a, b = pair
     a.sendall(client.seal(wire.message(wire.HELLO, {})))
+    with pytest.raises(FrameError) as ei:
+        wire.read_frame(b, server, _deadline())
+    assert _reason(ei) == "bad_mac"
+
+
+def test_the_opening_names_the_learner_and_keys_the_session_with_its_own_key(pair) -> None:
+    """Issue 27: the server keys the session with key_N of the id the opening names."""
+    client, server = _handshake(pair, identity=7)
+    assert server.identity == client.identity == 7
+    a, b = pair
+    a.sendall(client.seal(wire.message(wire.HELLO, {"learner": 7})))
+    assert wire.read_frame(b, server, _deadline()).header["learner"] == 7
+
+
+def test_another_learners_key_cannot_open_as_this_learner(pair) -> None:
+    """Issue 27: holding learner 2's key, a connection opened as learner 1 verifies nothing."""
+    client, server = _handshake(pair, identity=1, key=learner_key(SECRET, 2))
+    assert server.identity == 1
+    a, b = pair
+    a.sendall(client.seal(wire.message(wire.HELLO, {"learner": 1})))
     with pytest.raises(FrameError) as ei:
         wire.read_frame(b, server, _deadline())
     assert _reason(ei) == "bad_mac"
