@@ -81,8 +81,8 @@ def rss_mb(pid: int) -> float:
 
 # ----------------------------------------------------------------------------- mutations
 
-def _opening(rng: random.Random) -> bytes:
-    return wire.HANDSHAKE.pack(wire.MAGIC, wire.VERSION, rng.randbytes(wire.RANDOM_BYTES))
+def _opening(rng: random.Random, learner: int = 0) -> bytes:
+    return wire.OPENING.pack(wire.MAGIC, wire.VERSION, learner.to_bytes(3, "big"), rng.randbytes(wire.RANDOM_BYTES))
 
 
 def unsigned_bytes(rng: random.Random) -> bytes:
@@ -91,8 +91,10 @@ def unsigned_bytes(rng: random.Random) -> bytes:
     if kind == 0:
         return rng.randbytes(rng.randrange(1, 2048))
     if kind == 1:
+        # a bit of the magic or the version: the bytes after them name a learner id, and an
+        # opening for another id is a valid one (the syncer answers it with its own)
         opening = bytearray(_opening(rng))
-        opening[rng.randrange(8)] ^= 1 << rng.randrange(8)
+        opening[rng.randrange(5)] ^= 1 << rng.randrange(8)
         return bytes(opening)
     if kind == 2:  # a plausible HELLO under a wrong key
         head = json.dumps({"type": "HELLO", "learner": 1, "nonce": "x", "mode": "decoupled", "crc32": 0}).encode()

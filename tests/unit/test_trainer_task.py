@@ -859,7 +859,7 @@ def test_supervise_backs_off_a_learner_that_keeps_failing(tmp_path: Path, monkey
     cluster.syncer.popen = _FakePopen(None)  # alive
     starts: list[tuple[str, float]] = []
 
-    def spawn(proc: launch.Proc) -> None:  # as LocalCluster._spawn, with a process that exits at once
+    def spawn(proc: launch.Proc, env: dict[str, str] | None = None) -> None:  # as LocalCluster._spawn, with a process that exits at once
         starts.append((proc.name, clock[0]))
         proc.popen = _FakePopen(TASK_EXIT if proc.name == "learner-1" else launch.FATAL_EXIT)  # type: ignore[assignment]
         proc.died_at, proc.started_at = None, clock[0]
