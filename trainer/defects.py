@@ -14,6 +14,9 @@ DEFECTS = {
     "ack_before_durable": "acknowledges pushes on arrival and makes them and merges durable "
                           "only every 10 s from its start (a batched fsync): a SIGKILL loses "
                           "acknowledged pushes",
+    "ack_before_sync": "makes a group's push files durable by name but never syncs their contents before "
+                       "acknowledging (renamed into place and the directory synced, the data left in the page "
+                       "cache): a SIGKILL loses nothing, a power loss loses acknowledged pushes",
     "double_apply": "never consults the ledger: a retried (learner, incarnation, seq) is accepted "
                     "and merged again",
     "merge_nothing": "merges as usual (versions, ledgers, events) but leaves the global parameters "

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from .clock import wall
 from .event_echo import EventEcho
 from .event_echo import enabled as echo_enabled
 
@@ -93,7 +94,7 @@ class EventLog:
     def emit(self, kind: str, **fields: Any) -> dict:
         record = {
             "t": time.monotonic(),
-            "wall": time.time(),
+            "wall": wall(),
             "process": self.process,
             "pid": os.getpid(),
             "learner": self.learner,

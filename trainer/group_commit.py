@@ -6,8 +6,8 @@ taken in turn: at 64 learners whose pushes arrive together the last one waits fo
 fsyncs. Here the pushes that arrive while a commit is being written wait for the next one
 and share it. Whichever waiting thread finds no commit running leads the next one:
 
-  1. one sync of the file system makes every staged file's contents durable
-     (`syncfs`; `fsync` per file where the call does not exist);
+  1. one sync makes every staged file's contents durable (`syncfs` where it is a barrier,
+     an `fsync` per file elsewhere: storage.py);
   2. each staged file is renamed into place and each directory holding one is fsynced;
   3. under the owner's lock, every push of the group is applied in memory (its `apply`),
      and the state to record (meta.json's document) is taken;
@@ -18,19 +18,29 @@ So a group of any size costs four sync calls, and nothing is visible in memory (
 a heartbeat's versions or an ACK) before its file is durable and in place. A commit with no
 file (a new incarnation at HELLO, the state at start and at stop) takes the same path, so
 meta.json is written by one thread at a time and never goes back to an older document.
+
+What a failure means (docs/durability.md):
+- in steps 1-2 (a sync, a rename, a directory fsync): the whole group fails. Nothing is
+  applied, every file of the group is removed (temporaries and any already renamed), and
+  every waiter gets the error: none acknowledges.
+- in step 4 (meta.json): the group's pushes are durable and in place, and applied, so they
+  count: their waiters are released as committed (a crash now would recover them from
+  their files). A commit with no file, which exists to make the document durable, fails.
+  The next commit writes the document again.
+- a failed sync (SyncFailed, in any step) also marks the disk failed: every later commit
+  fails at once with DiskFailed. After an fsync error the kernel may have dropped the
+  pages it could not write, and a later fsync would succeed without them; only a restart
+  that reads the state back from disk knows what is there (the syncer exits for one).
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from .atomic import atomic_write_json, fsync_dir
+from .storage import FILES, Storage, SyncFailed, temp_path
 
 COMMIT_TIMEOUT = 60.0  # a waiter gives up (and does not acknowledge) after this long
 
@@ -43,6 +53,7 @@ class Staged:
     tmp: Path
     final: Path
     apply: Callable[[], None]
+    renamed: bool = False
 
 
 @dataclass
@@ -61,48 +72,17 @@ class CommitStats:
     files: int = 0
 
 
-def _load_syncfs() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        fn = libc.syncfs
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+class DiskFailed(OSError):
+    """A sync failed earlier: nothing more is made durable until a restart rereads the disk."""
 
 
-_SYNCFS = _load_syncfs()
-
-
-def sync_files(paths: list[Path], root: Path) -> None:
-    """Make the contents of `paths` durable: one syncfs of the file system holding `root`,
-    or an fsync per file where syncfs is unavailable (or fails)."""
-    if not paths:
-        return
-    if _SYNCFS is not None:
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            if _SYNCFS(fd) == 0:
-                return
-        finally:
-            os.close(fd)
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def write_staged(final: Path, *parts: bytes | memoryview) -> Staged:
+def write_staged(final: Path, *parts: bytes | memoryview, storage: Storage = FILES) -> Staged:
     """Write `parts` one after the other beside `final` under a temporary name, without an
-    fsync (the commit makes it durable). `apply` is filled in by the caller."""
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.parent / f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "wb") as fh:
-        for part in parts:
-            fh.write(part)
+    fsync (the commit makes it durable); a failed write leaves no file. `apply` is filled
+    in by the caller."""
+    storage.mkdir(final.parent)
+    tmp = temp_path(final)
+    storage.create(tmp, parts)
     return Staged(tmp, final, lambda: None)
 
 
@@ -114,13 +94,18 @@ class GroupCommit:
     holding it."""
 
     def __init__(self, root: Path, meta_path: Path, lock: Callable[[], ContextManager],
-                 document: Callable[[], dict], written: Callable[[int, int], None] | None = None) -> None:
+                 document: Callable[[], dict], written: Callable[[int, int, dict], None] | None = None,
+                 storage: Storage = FILES, sync_data: bool = True) -> None:
         self.root = root
         self.meta_path = meta_path
         self.lock = lock
         self.document = document
-        self.written = written  # (meta bytes, staged files) after each group, under `lock`
+        self.written = written  # (meta bytes, staged files, document) after each group, under `lock`
+        self.storage = storage
+        self.sync_data = sync_data  # False only for the ack_before_sync defect (defects.py)
         self.stats = CommitStats()
+        self.failed: SyncFailed | None = None  # the first failed sync; the disk is not trusted since
+        self.document_error: OSError | None = None  # the last failed write of the document, if any
         self._cond = threading.Condition()
         self._queue: list[_Request] = []
         self._leading = False
@@ -148,7 +133,7 @@ class GroupCommit:
                 if left <= 0:
                     if request in self._queue:
                         self._queue.remove(request)
-                        _discard(request.staged)
+                        _discard(request.staged, self.storage)
                     raise TimeoutError(f"group commit: not durable within {timeout:.0f} s")
                 self._cond.wait(left)
         if request.error is not None:
@@ -156,38 +141,60 @@ class GroupCommit:
         return request.group
 
     def _run(self, batch: list[_Request]) -> None:
-        """Lead one commit for `batch`; every request in it ends done, with an error if any step failed."""
+        """Lead one commit for `batch`; every request in it ends done, with an error if its part failed."""
         staged = [r.staged for r in batch if r.staged is not None]
         error: BaseException | None = None
+        document_error: BaseException | None = None
+        store = self.storage
         try:
-            sync_files([s.tmp for s in staged], self.root)
+            if self.failed is not None:
+                raise DiskFailed(self.failed.errno, f"a sync failed earlier ({self.failed.strerror}): "
+                                                    "nothing is made durable until a restart", self.failed.filename)
+            if self.sync_data:
+                store.sync_files([s.tmp for s in staged], self.root)
             for s in staged:
-                os.replace(s.tmp, s.final)
+                store.rename(s.tmp, s.final)
+                s.renamed = True
             for directory in sorted({s.final.parent for s in staged}):
-                fsync_dir(directory)
+                store.fsync_dir(directory)
         except BaseException as exc:  # noqa: BLE001 - handed to every waiter of the group
-            error = exc
+            error = self._note(exc)
             for s in staged:
-                _discard(s)
+                _discard(s, store)
         if error is None:
             try:
                 with self.lock():
                     for s in staged:
                         s.apply()
                     document = self.document()
-                nbytes = atomic_write_json(self.meta_path, document)
+                nbytes = store.atomic_write_json(self.meta_path, document)
+                self.document_error = None
                 with self.lock():
                     if self.written is not None:
-                        self.written(nbytes, len(staged))
-            except BaseException as exc:  # noqa: BLE001
-                error = exc
+                        self.written(nbytes, len(staged), document)
+            except BaseException as exc:  # noqa: BLE001 - the group's files are in place and applied
+                document_error = self._note(exc)
+                if isinstance(exc, OSError):
+                    self.document_error = exc
         self.stats.groups += 1
         self.stats.files += len(staged)
         with self._cond:
             for r in batch:
-                r.done, r.error, r.group = True, error, len(batch)
+                r.done, r.group = True, len(batch)
+                r.error = error if error is not None else (document_error if r.staged is None else None)
+
+    def _note(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, SyncFailed) and self.failed is None:
+            self.failed = exc
+        return exc
 
 
-def _discard(staged: Staged | None) -> None:
-    if staged is not None:
-        staged.tmp.unlink(missing_ok=True)
+def _discard(staged: Staged | None, storage: Storage = FILES) -> None:
+    """Remove a failed push's files: its temporary, and its final file if already renamed."""
+    if staged is None:
+        return
+    for path in (staged.tmp, staged.final) if staged.renamed else (staged.tmp,):
+        try:
+            storage.unlink(path)
+        except OSError:
+            pass

@@ -25,6 +25,7 @@ mean of all live learners; each learner applies it with its AdamW, as DDP would.
 """
 from __future__ import annotations
 
+import random
 import signal
 import sys
 import threading
@@ -40,7 +41,7 @@ from .config import TrainConfig
 from .device import autocast, resolve_device
 from .events import EventLog
 from .fragments import FragmentClock
-from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
+from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal, retry_later
 from .protocol import MAX_POLL_MS, FrameFault, Reason
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
@@ -52,6 +53,7 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # seconds between sends after "not now" (storage) refusals
 POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
 TASK_EXIT = 4  # the user's task failed mid-run (an exception, a NaN loss): restarted with backoff
 
@@ -136,6 +138,7 @@ class Learner:
         self.events = EventLog(opts.run_dir, name, learner=opts.learner)
         self.group: Group = SoloGroup()
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
+        self._refusals_in_a_row = 0  # "not now" refusals (storage) since the last answered push
         self.inbox = Inbox()
         self.syncer_versions: list[int] = []
         self.adopted_versions: list[int] = []
@@ -511,6 +514,9 @@ class Learner:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
                     self.stop.set()
                     return
+                if retry_later(exc):  # the syncer's disk: the push is kept and sent again, same id
+                    self._back_off(exc)
+                    continue
                 if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
                     self.link.close(f"refused: {exc}")
                 self._drop_refused_push(exc)
@@ -601,6 +607,7 @@ class Learner:
         item.attempts += 1
         started = time.monotonic()
         reply = self.link.request(item.message)
+        self._refusals_in_a_row = 0
         self.queue.pop(item)
         self._note_versions(reply.header.get("versions"))
         status = reply.header.get("status")
@@ -617,6 +624,18 @@ class Learner:
             current = self.targets[fragment]
             self.targets[fragment] = version if current is None else max(current, version)
             self.awaiting[fragment][seq] = version
+
+    def _back_off(self, exc: Refusal) -> None:
+        """Wait before sending again after a "not now" refusal: exponential with jitter,
+        from BACKOFF_FIRST to BACKOFF_MAX s, so learners do not hammer a full disk. The
+        push at the head of the queue stays, under its id: its retry is the same push."""
+        self._refusals_in_a_row += 1
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._refusals_in_a_row - 1)) * (0.5 + random.random() / 2)
+        item = self.queue.peek()
+        self.events.emit("push_deferred", reason=str(exc.reason), detail=exc.detail, retry_in=round(delay, 3),
+                         refusals_in_a_row=self._refusals_in_a_row,
+                         **({"fragment": item.fragment, "seq": item.seq} if item is not None and item.claimed else {}))
+        self.stop.wait(delay)
 
     def _drop_refused_push(self, exc: Refusal) -> None:
         item = self.queue.peek()

@@ -12,14 +12,15 @@ import threading
 import time
 from dataclasses import dataclass
 
-from tenacity import Retrying, retry_if_exception_type, stop_after_delay, stop_any, wait_exponential_jitter
+from tenacity import (Retrying, retry_if_exception, retry_if_exception_type, stop_after_delay, stop_any,
+                      wait_exponential_jitter)
 from tenacity.stop import stop_base
 
 from . import wire
 from .events import EventLog
-from .protocol import FATAL_REASONS, FrameFault, FrameType, Reason, Refusal, reason_of
+from .protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameFault, FrameType, Reason, Refusal, reason_of
 
-__all__ = ["FATAL_REASONS", "TRANSIENT", "Address", "Link", "Refusal"]
+__all__ = ["FATAL_REASONS", "TRANSIENT", "Address", "Link", "Refusal", "retry_later"]
 
 # Worth a reconnect: the syncer's ERROR replies (Refusal) are decisions, handled apart.
 TRANSIENT = (OSError, FrameFault, wire.DeadlineExceeded, wire.PeerClosed)
@@ -54,6 +55,12 @@ class _stop_when_set(stop_base):
 
     def __call__(self, retry_state) -> bool:  # type: ignore[override]
         return self.event.is_set()
+
+
+def retry_later(exc: BaseException) -> bool:
+    """A refusal that says "not now" (the syncer's disk is full or failing): keep the
+    request and send it again after a backoff."""
+    return isinstance(exc, Refusal) and exc.reason in RETRY_LATER_REASONS
 
 
 @dataclass(frozen=True)
@@ -148,7 +155,8 @@ class Link:
         retrying = Retrying(
             wait=wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2),
             stop=stop_any(stop_after_delay(budget), _stop_when_set(self.stop)),
-            retry=retry_if_exception_type(TRANSIENT),
+            # A syncer whose disk is full or failing refuses a new incarnation's HELLO: later.
+            retry=retry_if_exception_type(TRANSIENT) | retry_if_exception(retry_later),
             sleep=self.stop.wait,
             reraise=True,
         )

@@ -6,11 +6,17 @@ incarnation is bumped. Only the holder of learner N's key can HELLO as N at all 
 wire.py), so the nonce is no credential: no other learner can present it, supersede N's
 incarnation or move N's data position. Incarnations, nonces and data positions are persisted by the
 syncer, so numbers are never reused across syncer restarts.
+
+An incarnation's age (`elapsed`), which bounds the steps and data it may claim
+(validation.py), is counted on the monotonic clock while a syncer runs, persisted as
+`life`, and credited with the syncer's downtime by the boot clock (clock.py): no wall
+clock enters it, so a step of the wall clock in either direction changes nothing.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
+
+from .clock import wall
 
 
 @dataclass
@@ -26,21 +32,32 @@ class Member:
     conn: int | None = None  # id of the connection that currently speaks for it
     busy: bool = False       # waiting in a sync barrier: its lease is held by the request
     finished: bool = False   # said BYE: stopped cleanly, its last pushes may still be merging
-    since: float = 0.0       # wall-clock time this incarnation first joined (push bounds: validation.py)
+    since: float = 0.0       # wall-clock time this incarnation first joined: for people, never for bounds
     claimed: dict[int, int] = field(default_factory=dict)  # fragment → steps its accepted pushes claimed
+    life: float = 0.0        # seconds of this incarnation counted up to `anchor` (monotonic + downtime)
+    anchor: float = 0.0      # the monotonic time `life` was counted to (not persisted)
 
-    def persistent(self) -> dict:
-        return {"nonce": self.nonce, "incarnation": self.incarnation, "position": self.position, "start": self.start,
-                "tokens": self.tokens, "since": self.since, "claimed": {str(f): n for f, n in self.claimed.items()}}
+    def elapsed(self, now: float) -> float:
+        """The incarnation's age for the push bounds, at monotonic time `now`: never decreases."""
+        return self.life + max(0.0, now - self.anchor)
+
+    def persistent(self, now: float | None = None) -> dict:
+        out = {"nonce": self.nonce, "incarnation": self.incarnation, "position": self.position, "start": self.start,
+               "tokens": self.tokens, "since": self.since, "claimed": {str(f): n for f, n in self.claimed.items()}}
+        if now is not None:
+            out["life"] = round(self.elapsed(now), 6)
+        return out
 
     @classmethod
-    def restore(cls, learner: int, data: dict) -> "Member":
+    def restore(cls, learner: int, data: dict, now: float = 0.0, downtime: float = 0.0) -> "Member":
+        """`downtime`: seconds the syncer was down since `data` was written (clock.downtime_since)."""
         return cls(learner=learner, nonce=str(data.get("nonce", "")),
                    incarnation=int(data.get("incarnation", 0)),
                    position=int(data.get("position", 0)), tokens=int(data.get("tokens", 0)),
                    start=int(data.get("start", data.get("position", 0))),
                    since=float(data.get("since", 0.0)),
-                   claimed={int(f): int(n) for f, n in (data.get("claimed") or {}).items()})
+                   claimed={int(f): int(n) for f, n in (data.get("claimed") or {}).items()},
+                   life=float(data.get("life", 0.0)) + max(0.0, downtime), anchor=now)
 
 
 @dataclass(frozen=True)
@@ -56,6 +73,7 @@ class Membership:
     def __init__(self, num_learners: int) -> None:
         self.num_learners = num_learners
         self.members: dict[int, Member] = {}
+        self.durable: dict[int, int] = {}  # learner → the incarnation last written to disk
 
     def check_learner(self, learner: int) -> str | None:
         if not 1 <= learner <= self.num_learners:
@@ -69,7 +87,8 @@ class Membership:
         if not reconnect:
             m.incarnation += 1
             m.nonce = nonce
-            m.since, m.claimed, m.start = time.time(), {}, m.position
+            m.since, m.claimed, m.start = wall(), {}, m.position
+            m.life, m.anchor = 0.0, now
         m.alive, m.last_seen, m.conn, m.busy, m.finished = True, now, conn, False, False
         return JoinResult(m.incarnation, rejoin, reconnect)
 
@@ -125,8 +144,20 @@ class Membership:
                 presumed.append(m.learner)
         return presumed
 
-    def persistent(self) -> dict:
-        return {str(k): m.persistent() for k, m in sorted(self.members.items())}
+    def persistent(self, now: float | None = None) -> dict:
+        """Every member's durable record; with `now` (monotonic), each incarnation's age as well."""
+        return {str(k): m.persistent(now) for k, m in sorted(self.members.items())}
 
-    def restore(self, data: dict) -> None:
-        self.members = {int(k): Member.restore(int(k), v) for k, v in data.items()}
+    def note_durable(self, document: dict) -> None:
+        """`document` (persistent()'s form) is on disk: its incarnations are never reused."""
+        self.durable = {int(k): int(v["incarnation"]) for k, v in document.items()}
+
+    def is_durable(self, learner: int) -> bool:
+        """Whether the learner's current incarnation number is on disk (a HELLO whose write
+        failed was refused, and its reconnect must write it before it is welcomed)."""
+        m = self.members.get(learner)
+        return m is None or self.durable.get(learner, 0) >= m.incarnation
+
+    def restore(self, data: dict, now: float = 0.0, downtime: float = 0.0) -> None:
+        self.members = {int(k): Member.restore(int(k), v, now, downtime) for k, v in data.items()}
+        self.note_durable(data)

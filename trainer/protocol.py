@@ -75,6 +75,10 @@ class Reason(StrEnum):
     BAD_TENSOR = "bad_tensor"        # wrong names, shapes, dtype, or non-finite values
     IMPLAUSIBLE_NORM = "implausible_norm"
     INTERNAL = "internal"            # the syncer failed handling it; answered, counted, logged
+    # The syncer's disk would not take the push (storage.py): nothing of it counts, and the
+    # learner keeps it and sends it again, under the same id, after a backoff.
+    STORAGE_FULL = "storage_full"    # ENOSPC or EDQUOT: no space for the push's file
+    STORAGE_IO = "storage_io"        # EIO or another disk error, or a failed sync earlier
     # A pending push that cannot be merged (syncer.py quarantine).
     MERGE_ERROR = "merge_error"
     NONFINITE_MERGE = "nonfinite_merge"
@@ -91,6 +95,9 @@ _CLOSING = frozenset({Reason.BAD_MAGIC, Reason.BAD_VERSION, Reason.OVERSIZED, Re
                       Reason.BAD_MAC, Reason.BAD_HEADER, Reason.BAD_CRC, Reason.BAD_PAYLOAD, Reason.PROTOCOL,
                       Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.MODE_MISMATCH, Reason.BAD_LEARNER,
                       Reason.BAD_IDENTITY, Reason.INTERNAL})
+
+# A learner that hears one of these keeps its push and retries it after a backoff.
+RETRY_LATER_REASONS = frozenset({Reason.STORAGE_FULL, Reason.STORAGE_IO})
 
 # A learner that hears one of these cannot do better by retrying: it stops.
 FATAL_REASONS = frozenset({Reason.MODE_MISMATCH, Reason.BAD_LEARNER, Reason.BAD_IDENTITY})

@@ -10,35 +10,36 @@ sent.
 """
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
-from .atomic import atomic_write_json, fsync_dir
 from .events import EventLog
 from .protocol import Reason
+from .storage import FILES, Storage
 
 
 class Quarantine:
-    def __init__(self, root: Path, events: EventLog, counters: Counter) -> None:
+    def __init__(self, root: Path, events: EventLog, counters: Counter, storage: Storage = FILES) -> None:
         self.root = root
         self.events = events
         self.counters = counters
+        self.storage = storage
 
     def path_for(self, fragment: int, ident: str) -> Path:
         return self.root / f"{fragment}-{ident.replace(':', '-')}.safetensors"
 
     def put(self, pending: Path | None, ident: str, fragment: int, learner: int | None, reason: Reason,
             detail: str, acknowledged: bool) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        store = self.storage
+        store.mkdir(self.root)
         target = self.path_for(fragment, ident)
-        atomic_write_json(target.with_suffix(".json"), {"id": ident, "fragment": fragment, "learner": learner,
-                                                        "reason": str(reason), "detail": detail,
-                                                        "acknowledged": acknowledged})
-        if pending is not None and pending.exists():
-            os.replace(pending, target)
-            fsync_dir(self.root)
-            fsync_dir(pending.parent)
+        store.atomic_write_json(target.with_suffix(".json"), {"id": ident, "fragment": fragment, "learner": learner,
+                                                              "reason": str(reason), "detail": detail,
+                                                              "acknowledged": acknowledged})
+        if pending is not None and store.exists(pending):
+            store.rename(pending, target)
+            store.fsync_dir(self.root)
+            store.fsync_dir(pending.parent)
         self.counters["quarantined"] += 1
         self.counters[f"quarantined_{reason}"] += 1
         self.events.emit("push_quarantined", id=ident, fragment=fragment, learner=learner, reason=str(reason),

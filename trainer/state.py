@@ -1,8 +1,9 @@
-"""Durable state on local disk: atomic writes and the syncer's files.
+"""The syncer's files: their layout, and typed reads and writes through the Storage seam.
 
 Every write goes to a temporary file in the same directory, is fsynced, renamed over the
-target and the directory is fsynced. A SIGKILL at any instant leaves either the previous
-complete file or the new complete file, never a torn one.
+target and the directory is fsynced (storage.py). A SIGKILL or a power loss at any
+instant leaves either the previous complete file or the new complete file, never a torn
+one.
 
 Layout of a syncer state directory:
 
@@ -27,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir  # noqa: F401 (re-exported)
+from .storage import FILES, Storage
 
 PARAM_PREFIX = "param/"
 MOMENTUM_PREFIX = "momentum/"
@@ -53,11 +54,8 @@ class FragmentFile:
     rounds: float = 0.0  # outer rounds merged so far, a partial merge counting its fraction
 
 
-def read_json(path: str | os.PathLike) -> dict | None:
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        return None
+def read_json(path: str | os.PathLike, storage: Storage = FILES) -> dict | None:
+    return storage.read_json(Path(path))
 
 
 def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, memoryview]:
@@ -73,35 +71,37 @@ def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, m
     return len(raw).to_bytes(8, "little") + raw, memoryview(payload)[8 + size:]
 
 
-def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object]) -> int:
+def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object],
+                 storage: Storage = FILES) -> int:
     """Atomically write tensors with JSON-encoded metadata values."""
     meta = {k: json.dumps(v) for k, v in metadata.items()}
-    return atomic_write_bytes(path, st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
+    return storage.atomic_write(Path(path), st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
 
 
-def load_tensors(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
-    data = Path(path).read_bytes()
+def safetensors_metadata(data: bytes) -> dict[str, str]:
+    """The `__metadata__` of a safetensors buffer (st_load has parsed the header already)."""
+    size = int.from_bytes(data[:8], "little")
+    return json.loads(data[8:8 + size]).get("__metadata__") or {}
+
+
+def load_tensors(path: str | os.PathLike, storage: Storage = FILES) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    data = storage.read_bytes(Path(path))
     tensors = st_load(data)
-    with safe_open(str(path), framework="pt") as fh:
-        raw = fh.metadata() or {}
-    return tensors, {k: json.loads(v) for k, v in raw.items()}
+    return tensors, {k: json.loads(v) for k, v in safetensors_metadata(data).items()}
 
 
-def remove_stale_temporaries(directory: Path) -> int:
+def remove_stale_temporaries(directory: Path, storage: Storage = FILES) -> int:
     """Temporary files left by a process killed mid-write; they are never valid state."""
-    removed = 0
-    for tmp in directory.rglob(".*.tmp"):
-        tmp.unlink(missing_ok=True)
-        removed += 1
-    return removed
+    return storage.remove_temporaries(Path(directory))
 
 
 class StateDir:
     """Paths and typed reads/writes of one syncer state directory."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, storage: Storage = FILES) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.storage = storage
+        storage.mkdir(self.root)
 
     @property
     def meta_path(self) -> Path:
@@ -133,14 +133,14 @@ class StateDir:
         if accum_count > 0:
             tensors.update({ACCUM_PREFIX + n: t for n, t in (accum or {}).items()})
             meta["accum_count"] = accum_count
-        return save_tensors(self.fragment_path(index), tensors, meta)
+        return save_tensors(self.fragment_path(index), tensors, meta, self.storage)
 
     def read_fragment_file(self, index: int) -> FragmentFile | None:
         """The whole fragment file, or None when this fragment was never written."""
         path = self.fragment_path(index)
-        if not path.exists():
+        if not self.storage.exists(path):
             return None
-        tensors, meta = load_tensors(path)
+        tensors, meta = load_tensors(path, self.storage)
 
         def part(prefix: str) -> dict[str, torch.Tensor]:
             return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
@@ -156,8 +156,7 @@ class StateDir:
         return None if f is None else (f.params, f.momentum, f.version, f.applied)
 
     def pending_files(self, index: int) -> list[Path]:
-        directory = self.pending_dir(index)
-        return sorted(directory.glob("*.safetensors")) if directory.exists() else []
+        return self.storage.glob(self.pending_dir(index), ".safetensors")
 
     def read_params(self, num_fragments: int) -> dict[str, torch.Tensor]:
         """The global parameters, assembled from every fragment file (for evaluation)."""

@@ -106,8 +106,8 @@ class SyncRound:
     @classmethod
     def restore_or_init(cls, store: StateDir, model: torch.nn.Module, train: TrainConfig) -> "SyncRound":
         state = cls(model, train)
-        if store.sync_path.exists():
-            tensors, meta = load_tensors(store.sync_path)
+        if store.storage.exists(store.sync_path):
+            tensors, meta = load_tensors(store.sync_path, store.storage)
             load_optimizer_tensors(model, state.opt, tensors, int(meta["adam_step"]))
             state.round = int(meta["round"])
         else:
@@ -149,5 +149,5 @@ class SyncRound:
     def checkpoint(self, store: StateDir) -> tuple[int, float]:
         started = time.monotonic()
         n = save_tensors(store.sync_path, self.state_tensors(),
-                         {"round": self.round, "adam_step": self.adam_step()})
+                         {"round": self.round, "adam_step": self.adam_step()}, store.storage)
         return n, time.monotonic() - started

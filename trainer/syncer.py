@@ -16,6 +16,7 @@ import json
 import os
 import select
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -29,6 +30,7 @@ from . import defects, wire
 from .admission import Admission, Throttle
 from .codec import decode, encode
 from .config import SyncerConfig, TrainConfig
+from .clock import boot_stamp, downtime_since
 from .events import EventLog
 from .fragments import Fragment, partition
 from .global_eval import GlobalEvaluator, HeldOut, Snapshot
@@ -43,11 +45,15 @@ from .ranks import param_digest
 from .served import DELTA_ENCODINGS, ServedFragment
 from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, check_position, tensor_norm
 from .atomic import atomic_write_json
-from .group_commit import GroupCommit, write_staged
+from .group_commit import DiskFailed, GroupCommit, write_staged
 from .state import StateDir, load_tensors, read_json, remove_stale_temporaries, with_metadata
+from .storage import FILES, Storage, SyncFailed, describe_error, is_full
 from .sync_state import SyncRound
 
 REPLY_DEADLINE = 30.0
+# The syncer exits so after a failed sync (or a disk it cannot read at start), for a restart
+# that reads its state back from disk; supervisors restart it (EX_TEMPFAIL).
+DISK_FAILED_EXIT = 75
 ADMISSION_REASONS = frozenset({Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.UNAUTHENTICATED_LIMIT,
                                Reason.IDLE_TIMEOUT})
 ARRIVALS_KEPT = 6  # push times kept per (fragment, learner): five intervals for the grace estimator
@@ -184,13 +190,17 @@ class FragmentState:
 
 class Syncer:
     def __init__(self, cfg: SyncerConfig, train: TrainConfig, secret: bytes,
-                 run_dir: str | None = None) -> None:
+                 run_dir: str | None = None, storage: Storage = FILES) -> None:
         self.cfg = cfg
         self.train = train
         self.secret = secret
         self.outer = OuterConfig(cfg.outer_lr, cfg.outer_momentum)
         self.events = EventLog(run_dir, "syncer")
-        self.store = StateDir(cfg.state_dir)
+        self.defect = defects.active()
+        self.store = StateDir(cfg.state_dir, storage)
+        # Set once a sync failed: the disk is not trusted, and the process exits for a restart
+        # that reads the state back (serve(); docs/durability.md).
+        self.disk_failed = threading.Event()
         self.cond = threading.Condition()
         # Tensor work of pushes (decode, norm, serialisation), a few at a time: with 64 pushes
         # decoding at once, each of their many short torch calls waited for the GIL behind the
@@ -198,7 +208,8 @@ class Syncer:
         self._tensor_work = threading.BoundedSemaphore(max(2, os.cpu_count() or 2))
         # meta.json and the pending files: one commit for the pushes that arrive together.
         self.durability = GroupCommit(self.store.root, self.store.meta_path, lambda: self.cond,
-                                      self._meta_document, self._meta_written)
+                                      self._meta_document, self._meta_written, storage=self.store.storage,
+                                      sync_data=self.defect != "ack_before_sync")
         self.members = Membership(train.num_learners)
         self.counters: Counter[str] = Counter()
         # The task's model only holds Θ: the syncer never trains it (nor reads its data,
@@ -208,7 +219,6 @@ class Syncer:
         self.step_tokens: dict[int, float] = {}  # learner → tokens per inner step of its pushes
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         self.specs = partition(self.shapes, train.fragments, train.fragment_layout)
-        self.defect = defects.active()
         self._last_flush = time.monotonic()  # the ack_before_durable defect's batch starts now
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
@@ -221,7 +231,7 @@ class Syncer:
         self.admission = Admission(cfg.max_unauthenticated, cfg.max_connections)
         self.report = Throttle(self.events.emit)
         self.bounds = PushBounds(cfg.max_step_rate, cfg.max_step_tokens or DEFAULT_MAX_STEP_TOKENS, train.sync_every)
-        self.quarantine = Quarantine(self.store.root / "quarantine", self.events, self.counters)
+        self.quarantine = Quarantine(self.store.root / "quarantine", self.events, self.counters, self.store.storage)
         self._listener: socket.socket | None = None
         self.address: tuple[str, int] | None = None
         self._recover(model)
@@ -245,15 +255,17 @@ class Syncer:
                    if self.train.fragment_layout != "balanced" else {})}
 
     def _recover(self, model: torch.nn.Module) -> None:
-        removed = remove_stale_temporaries(self.store.root)
-        meta = read_json(self.store.meta_path)
+        removed = remove_stale_temporaries(self.store.root, self.store.storage)
+        meta = read_json(self.store.meta_path, self.store.storage)
         if meta is not None:
             stored = {"task": "gpt", **(meta.get("fingerprint") or {})}  # state written before tasks: gpt
             if stored != self._fingerprint():
                 raise ValueError(
                     f"state-dir {self.store.root}: holds state of a different run "
                     f"({meta.get('fingerprint')}); use a fresh --state-dir")
-            self.members.restore(meta.get("members", {}))
+            # Each incarnation's age goes on from where it was written, plus the time this
+            # syncer was down by the boot clock (0 after a reboot or on another machine).
+            self.members.restore(meta.get("members", {}), time.monotonic(), downtime_since(meta.get("clock")))
             self.counters.update(meta.get("counters", {}))
         initial = {n: p.detach().clone() for n, p in model.named_parameters()}
         if self.train.mode == "sync":
@@ -296,13 +308,13 @@ class Syncer:
                                         f"{type(exc).__name__}: {exc}", acknowledged=True)
                     continue
                 if push.contribution.ident in frag.applied_set:
-                    path.unlink(missing_ok=True)  # merged before the crash; never apply twice
+                    self.store.storage.unlink(path)  # merged before the crash; never apply twice
                 else:
                     frag.pending.append(push)
             self.frags.append(frag)
 
     def _load_pending(self, path: Path) -> PendingPush:
-        parts, meta = load_tensors(path)
+        parts, meta = load_tensors(path, self.store.storage)
         for key in ("fragment", "learner", "incarnation", "seq", "tokens", "base_version", "steps"):
             wire.header_int(meta, key)  # the bounds a push had on the wire (a file from before them may not)
         spec = self.specs[int(meta["fragment"])]
@@ -334,10 +346,11 @@ class Syncer:
 
     def _meta_document(self) -> dict:
         """meta.json's content (under the lock): members and counters."""
-        return {"fingerprint": self._fingerprint(), "members": self.members.persistent(),
-                "counters": dict(self.counters)}
+        return {"fingerprint": self._fingerprint(), "members": self.members.persistent(time.monotonic()),
+                "counters": dict(self.counters), "clock": boot_stamp()}
 
-    def _meta_written(self, nbytes: int, files: int) -> None:
+    def _meta_written(self, nbytes: int, files: int, document: dict) -> None:
+        self.members.note_durable(document["members"])
         self.counters["state_writes"] += 1
         self.counters["state_bytes"] += nbytes
         if files:
@@ -345,7 +358,25 @@ class Syncer:
 
     def _write_meta(self) -> None:
         """Make the members and counters durable now (through the group commit; never under the lock)."""
-        self.durability.commit()
+        try:
+            self.durability.commit()
+        except OSError as exc:
+            self._storage_error(exc, "meta.json")
+            raise
+
+    def _storage_error(self, exc: OSError, what: str) -> None:
+        """Count and report a disk error; a failed sync also marks the disk failed, once."""
+        reason = Reason.STORAGE_FULL if is_full(exc) else Reason.STORAGE_IO
+        failed = isinstance(exc, SyncFailed) or self.durability.failed is not None
+        with self.cond:
+            self.counters[f"storage_{'full' if reason == Reason.STORAGE_FULL else 'error'}"] += 1
+        self.report("storage_error", reason, what=what, detail=describe_error(exc), sync_failed=failed)
+        if failed and not self.disk_failed.is_set():
+            self.disk_failed.set()
+            with self.cond:
+                self.counters["disk_failed"] += 1
+            self.events.emit("disk_failed", what=what, detail=describe_error(self.durability.failed or exc),
+                             action="refuse every push and exit for a restart that reads the state back")
 
     # ----------------------------------------------------------------- lifecycle
     def start(self, listener: socket.socket | None = None) -> tuple[str, int]:
@@ -392,16 +423,29 @@ class Syncer:
             self.cond.notify_all()
         for t in self._threads:
             t.join(timeout=5.0)
+        if self.disk_failed.is_set():  # nothing more is written to a disk that failed a sync
+            self._stopped(reason)
+            return
         with self.cond:
-            if self.sync is None:
-                for frag in self.frags:
-                    if frag.pending:
-                        self._merge(frag, reason="final", grace={"policy": self.cfg.grace_policy, "waited": None,
-                                                                 "why": "final merge at stop"},
-                                    final=any(p.final for p in frag.pending))
-            else:
-                self.sync.checkpoint(self.store)
-        self._write_meta()
+            try:
+                if self.sync is None:
+                    for frag in self.frags:
+                        if frag.pending:
+                            self._merge(frag, reason="final", grace={"policy": self.cfg.grace_policy,
+                                                                     "waited": None, "why": "final merge at stop"},
+                                        final=any(p.final for p in frag.pending))
+                else:
+                    self.sync.checkpoint(self.store)
+            except OSError as exc:  # what is pending stays durable on disk, merged after a restart
+                self._storage_error(exc, "the final merge")
+        try:
+            self._write_meta()
+        except OSError:
+            pass  # reported (storage_error); the pushes' own files are durable
+        self._stopped(reason)
+
+    def _stopped(self, reason: str) -> None:
+        """The end of stop(): the final evaluation and the final state, as events."""
         if self.evaluator is not None:
             self.evaluator.stop()  # scores the final parameters: the last point of Θ's curve
         with self.cond:
@@ -613,8 +657,15 @@ class Syncer:
         seeded = h.get("seeded", False) is True
         with self.cond:
             joined = self.members.join(learner, nonce, conn_id, time.monotonic())
-        if not joined.reconnect:  # a new incarnation: its number is never reused, even after a crash
-            self._write_meta()    # (a reconnect changes nothing durable: no fsync per reconnect)
+        # A new incarnation's number is never reused, even after a crash: it is durable before
+        # it is welcomed. A reconnect changes nothing durable (no fsync per reconnect), unless
+        # the write of its incarnation failed and it was never welcomed.
+        if not joined.reconnect or not self.members.is_durable(learner):
+            try:
+                self._write_meta()
+            except OSError as exc:
+                raise ProtocolError(Reason.STORAGE_FULL if is_full(exc) else Reason.STORAGE_IO,
+                                    f"incarnation {joined.incarnation} not stored: {describe_error(exc)}") from exc
         with self.cond:
             m = self.members.members[learner]
             header = {"learner": learner, "incarnation": joined.incarnation, "rejoin": joined.rejoin,
@@ -717,6 +768,9 @@ class Syncer:
         Nothing a push claims is acknowledged before it is checked."""
         if self.sync is not None:
             raise ProtocolError(Reason.PROTOCOL, "PUSH is for decoupled mode")
+        if self.disk_failed.is_set():
+            raise ProtocolError(Reason.STORAGE_IO, "the syncer's disk failed a sync: nothing is stored until it "
+                                                   "restarts and reads its state back")
         h = frame.header
         index = wire.header_int(h, "fragment")
         if index >= len(self.frags):
@@ -750,10 +804,10 @@ class Syncer:
                                     f"base_version={base_version} is ahead of fragment {index}'s version {frag.version}")
             known = frag.known(ident)
             if not known:
+                elapsed = m.elapsed(time.monotonic())
                 self.bounds.check_counts(steps=steps, tokens=tokens, step_tokens=step_tokens,
-                                         claimed=m.claimed.get(index, 0), elapsed=time.time() - m.since)
-                check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
-                               self.train.sync_every)
+                                         claimed=m.claimed.get(index, 0), elapsed=elapsed)
+                check_position(position, m.start, elapsed, self.bounds.max_step_rate, self.train.sync_every)
                 self.norms[index].check(per_round_norm, lambda: tensor_norm(frag.params))
             if known and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
@@ -800,13 +854,17 @@ class Syncer:
                 else:
                     with self._tensor_work:
                         head, body = with_metadata(frame.payload, meta)
-                        staged = write_staged(path, head, body)
+                        staged = write_staged(path, head, body, storage=self.store.storage)
                     nbytes = len(head) + len(body)
                     staged.apply = accept
                     group = self.durability.commit(staged)
-            except BaseException:
+            except BaseException as exc:
                 with self.cond:
                     frag.merging.discard(ident)
+                if isinstance(exc, OSError):  # the disk's, not the learner's: refused, kept by the learner
+                    self._storage_error(exc, f"push {ident}")
+                    raise ProtocolError(Reason.STORAGE_FULL if is_full(exc) else Reason.STORAGE_IO,
+                                        f"push {ident} not stored: {describe_error(exc)}") from exc
                 raise
             version = accepted["version"]
             self.events.emit("push_accepted", learner=learner, incarnation=incarnation, seq=seq, id=ident,
@@ -840,7 +898,7 @@ class Syncer:
             m = self.members.current(learner, conn_id)
             if m is None:
                 return None
-            check_position(position, m.start, time.time() - m.since, self.bounds.max_step_rate,
+            check_position(position, m.start, m.elapsed(time.monotonic()), self.bounds.max_step_rate,
                            self.train.sync_every)
             m.position = max(m.position, position)
             if rnd != self.sync.round:
@@ -1003,7 +1061,10 @@ class Syncer:
                         except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
                             self.counters["merge_errors"] += 1
                             self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
-                                             error=f"{type(exc).__name__}: {exc}")
+                                             error=describe_error(exc) if isinstance(exc, OSError)
+                                             else f"{type(exc).__name__}: {exc}")
+                            if isinstance(exc, OSError):
+                                self._storage_error(exc, f"fragment-{frag.spec.index}")
                             self.cond.wait(0.5)
 
     def _momentum_now(self, rounds: float) -> float:
@@ -1172,7 +1233,7 @@ class Syncer:
         # are redundant, and recovery drops any left; deleting N of them is kept off the lock.
         for p in taken:
             try:
-                p.path.unlink(missing_ok=True)
+                self.store.storage.unlink(p.path)
             except OSError:
                 pass
         self.cond.acquire()
@@ -1268,6 +1329,11 @@ def serve(cfg: SyncerConfig, train: TrainConfig, secret: bytes, run_dir: str | N
     listener = bind_listener(cfg.host, cfg.port)
     try:
         syncer = Syncer(cfg, train, secret, run_dir)
+    except OSError as exc:  # the state dir's disk: say which call failed, exit for a restart
+        listener.close()
+        print(f"syncer: error: state-dir {cfg.state_dir}: cannot read or write its state: "
+              f"{describe_error(exc)}", file=sys.stderr)
+        return DISK_FAILED_EXIT
     except BaseException:
         listener.close()
         raise
@@ -1278,6 +1344,10 @@ def serve(cfg: SyncerConfig, train: TrainConfig, secret: bytes, run_dir: str | N
     stop = threading.Event()
     stop_on_signals(stop)
     while not stop.wait(0.5):
-        pass
+        if syncer.disk_failed.is_set():
+            syncer.stop(reason="disk failed")
+            print(f"syncer: error: state-dir {cfg.state_dir}: a sync failed, so what is on disk is unknown; "
+                  f"exiting with {DISK_FAILED_EXIT} for a restart that reads it back", file=sys.stderr)
+            return DISK_FAILED_EXIT
     syncer.stop(reason="signal")
     return 0

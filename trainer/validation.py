@@ -6,13 +6,19 @@ what a learner can really have done in this run, and each pseudo-gradient by wha
 has seen:
 
 - `steps`: the steps one incarnation claims for one fragment, summed over its accepted
-  pushes, never exceed --max-step-rate × the seconds since the incarnation joined, plus
-  a slack of 4 rounds (wall clock, persisted, so a syncer restart does not reset it).
+  pushes, never exceed --max-step-rate × the incarnation's age, plus a slack of 4 rounds.
+  The age (membership.Member.elapsed) is read from the monotonic clock while a syncer
+  runs, persisted, and credited with a syncer's downtime by the boot clock (clock.py); no
+  wall clock enters it. So a wall-clock step can neither grant a burst of steps (a jump
+  forward adds nothing) nor lock a learner out (a jump back takes nothing away, and the
+  age never decreases). A syncer restarted on another machine or after a reboot credits
+  no downtime: at the default 2000 steps/s the budget an incarnation has accumulated
+  covers any honest learner's steps meanwhile.
 - `tokens` ≤ steps × --max-step-tokens, and `step_tokens` ≤ --max-step-tokens.
 - `seq`, `position`, `incarnation` < 2^53 (wire.header_int); `base_version` ≤ the
   fragment's version (a push cannot be based on a version not served yet).
-- `position` ≤ the position the incarnation was welcomed at + --max-step-rate × the
-  seconds since it joined + 4 rounds (check_position: one data window per inner step).
+- `position` ≤ the position the incarnation was welcomed at + --max-step-rate × its age
+  + 4 rounds (check_position: one data window per inner step), by the same age.
 - the pseudo-gradient is finite after decoding (codec.decode), and its norm per round
   (‖Δ‖ / rounds spanned) is at most --max-norm-ratio × the median of the fragment's last
   32 accepted pushes once 8 are known; before that, at most ABSOLUTE_NORM_RATIO × (‖Θ_f‖
@@ -47,7 +53,7 @@ class PushBounds:
     def check_counts(self, *, steps: int, tokens: int, step_tokens: int | float, claimed: int,
                      elapsed: float) -> None:
         """`claimed`: steps this incarnation's accepted pushes of the fragment already
-        claimed; `elapsed`: seconds since the incarnation joined."""
+        claimed; `elapsed`: the incarnation's age in seconds (Member.elapsed)."""
         allowed = self.max_step_rate * max(0.0, elapsed) + SLACK_ROUNDS * self.sync_every
         if steps < 1 and tokens > 0:
             raise ProtocolError(Reason.OUT_OF_BOUNDS, f"tokens={tokens} with steps={steps}")

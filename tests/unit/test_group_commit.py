@@ -1,28 +1,44 @@
 """The syncer's group commit: shared durability, nothing visible before its file is in place."""
 from __future__ import annotations
 
+import errno
 import json
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from trainer import group_commit
-from trainer.group_commit import GroupCommit, write_staged
+from trainer.group_commit import DiskFailed, GroupCommit, write_staged
+from trainer.simdisk import SimDisk
+from trainer.storage import FILES, FileStorage, Storage, SyncFailed
 
 WAIT = 10.0  # every wait in these tests is bounded by this
 
 
-def make(tmp_path: Path, state: dict, lock: threading.Condition | None = None) -> GroupCommit:
+class HookedSync(FileStorage):
+    """The real disk, with a hook run before each group's sync (to hold or break it)."""
+
+    def __init__(self, hook: Callable[[list[Path], Path], None]) -> None:
+        super().__init__()
+        self.hook = hook
+
+    def sync_files(self, paths: list[Path], root: Path) -> None:
+        self.hook(paths, root)
+        super().sync_files(paths, root)
+
+
+def make(tmp_path: Path, state: dict, lock: threading.Condition | None = None,
+         storage: Storage = FILES) -> GroupCommit:
     lock = lock or threading.Condition()
-    return GroupCommit(tmp_path, tmp_path / "meta.json", lambda: lock, lambda: dict(state))
+    return GroupCommit(tmp_path, tmp_path / "meta.json", lambda: lock, lambda: dict(state), storage=storage)
 
 
-def staged(tmp_path: Path, name: str, applied: list[str], state: dict | None = None):
-    s = write_staged(tmp_path / "pending" / f"{name}.bin", name.encode())
+def staged(tmp_path: Path, name: str, applied: list[str], state: dict | None = None, storage: Storage = FILES):
+    s = write_staged(tmp_path / "pending" / f"{name}.bin", name.encode(), storage=storage)
 
     def apply() -> None:
-        assert s.final.exists(), "applied before its file was in place"
+        assert storage.exists(s.final), "applied before its file was in place"
         applied.append(name)
         if state is not None:
             state["accepted"] = state.get("accepted", 0) + 1
@@ -47,15 +63,12 @@ def test_pushes_waiting_behind_a_commit_share_the_next_one(tmp_path, monkeypatch
     groups than commits, and every commit's file applied exactly once."""
     release = threading.Event()
     entered = threading.Event()
-    real = group_commit.sync_files
 
     def slow_sync(paths, root):
         entered.set()
         assert release.wait(WAIT), "the test never released the first sync"
-        real(paths, root)
-    monkeypatch.setattr(group_commit, "sync_files", slow_sync)
     state: dict = {}
-    gc = make(tmp_path, state)
+    gc = make(tmp_path, state, storage=HookedSync(slow_sync))
     applied: list[str] = []
     groups: dict[str, int] = {}
 
@@ -84,20 +97,64 @@ def test_pushes_waiting_behind_a_commit_share_the_next_one(tmp_path, monkeypatch
     assert json.loads((tmp_path / "meta.json").read_text())["accepted"] == 9
 
 
-def test_a_failed_sync_fails_its_group_applies_nothing_and_removes_the_files(tmp_path, monkeypatch):
-    def broken(paths, root):
-        raise OSError(5, "Input/output error")
-    monkeypatch.setattr(group_commit, "sync_files", broken)
-    gc = make(tmp_path, {})
+def test_a_failed_sync_fails_its_group_applies_nothing_removes_the_files_and_the_disk_stays_failed(tmp_path):
+    """fsyncgate: after a failed sync a later one may succeed without the lost pages, so
+    nothing is made durable again until a restart reads the disk back."""
+    disk = SimDisk(roots=(str(tmp_path),))
+    gc = make(tmp_path, {}, storage=disk)
     applied: list[str] = []
-    s = staged(tmp_path, "x", applied)
-    with pytest.raises(OSError, match="Input/output"):
+    s = staged(tmp_path, "x", applied, storage=disk)
+    disk.fail("sync_files", errno.EIO)
+    with pytest.raises(SyncFailed, match="EIO"):
         gc.commit(s)
-    assert applied == [] and not s.tmp.exists() and not s.final.exists()
-    assert not (tmp_path / "meta.json").exists()
-    monkeypatch.undo()
-    assert gc.commit(staged(tmp_path, "y", applied)) == 1, "the next commit works again"
-    assert applied == ["y"]
+    assert applied == [] and not disk.exists(s.tmp) and not disk.exists(s.final)
+    assert not disk.exists(tmp_path / "meta.json")
+    disk.heal()
+    late = staged(tmp_path, "y", applied, storage=disk)
+    with pytest.raises(DiskFailed, match="a sync failed earlier"):
+        gc.commit(late)
+    assert applied == [] and not disk.exists(late.tmp), "a refused commit leaves no temporary"
+
+
+@pytest.mark.parametrize("step", ["rename", "fsync_dir"])
+def test_a_failure_before_the_files_are_in_place_fails_the_group_and_removes_every_file(tmp_path, step):
+    disk = SimDisk(roots=(str(tmp_path),))
+    gc = make(tmp_path, {}, storage=disk)
+    applied: list[str] = []
+    s = staged(tmp_path, "x", applied, storage=disk)
+    disk.fail(step, errno.EIO)
+    with pytest.raises(OSError, match="EIO"):
+        gc.commit(s)
+    assert applied == [] and not disk.exists(s.tmp) and not disk.exists(s.final)
+    assert (gc.failed is not None) == (step == "fsync_dir"), "only a failed sync marks the disk failed"
+
+
+def test_a_full_disk_at_meta_json_keeps_the_group_whose_files_are_in_place(tmp_path):
+    """Past the renames the pushes are durable: they count, and are acknowledged; a commit
+    with no file, which exists to write the document, fails; the next commit writes it."""
+    disk = SimDisk(roots=(str(tmp_path),))
+    state = {"n": 1}
+    gc = make(tmp_path, state, storage=disk)
+    applied: list[str] = []
+    s = staged(tmp_path, "x", applied, state, storage=disk)
+    disk.fail("create", errno.ENOSPC)
+    assert gc.commit(s) == 1
+    assert applied == ["x"] and disk.exists(s.final) and not disk.exists(tmp_path / "meta.json")
+    with pytest.raises(OSError, match="ENOSPC"):
+        gc.commit()
+    assert gc.failed is None and isinstance(gc.document_error, OSError)
+    disk.heal()
+    gc.commit()
+    assert json.loads(disk.read_bytes(tmp_path / "meta.json")) == {"n": 1, "accepted": 1}
+    assert gc.document_error is None
+
+
+def test_a_full_disk_leaves_no_temporary_behind(tmp_path):
+    disk = SimDisk(roots=(str(tmp_path),))
+    disk.fail("create", errno.ENOSPC)
+    with pytest.raises(OSError, match="ENOSPC"):
+        write_staged(tmp_path / "pending" / "x.bin", b"x" * 100, storage=disk)
+    assert disk.listdir(tmp_path / "pending") == []
 
 
 def test_a_document_only_commit_sees_changes_made_before_it(tmp_path):
@@ -130,28 +187,14 @@ def test_meta_json_never_goes_back_to_an_older_document(tmp_path):
     assert json.loads((tmp_path / "meta.json").read_text())["n"] == 80
 
 
-def test_sync_files_falls_back_to_fsync_without_syncfs(tmp_path, monkeypatch):
-    calls: list[int] = []
-    monkeypatch.setattr(group_commit, "_SYNCFS", None)
-    monkeypatch.setattr(group_commit.os, "fsync", lambda fd: calls.append(fd))
-    files = []
-    for i in range(3):
-        f = tmp_path / f"f{i}"
-        f.write_bytes(b"x")
-        files.append(f)
-    group_commit.sync_files(files, tmp_path)
-    assert len(calls) == 3
-
-
-def test_a_waiter_gives_up_after_its_timeout_and_its_file_is_removed(tmp_path, monkeypatch):
+def test_a_waiter_gives_up_after_its_timeout_and_its_file_is_removed(tmp_path):
     release = threading.Event()
     entered = threading.Event()
 
     def stuck(paths, root):
         entered.set()
         release.wait(WAIT)
-    monkeypatch.setattr(group_commit, "sync_files", stuck)
-    gc = make(tmp_path, {})
+    gc = make(tmp_path, {}, storage=HookedSync(stuck))
     applied: list[str] = []
     leader = threading.Thread(target=lambda: gc.commit(staged(tmp_path, "lead", applied)))
     leader.start()

@@ -382,8 +382,8 @@ def test_retry_in_the_accept_window_is_a_duplicate(rig: Rig, monkeypatch: pytest
     at_gate, release = threading.Event(), threading.Event()
     real_write = syncer_mod.write_staged
 
-    def write(path, *parts):
-        staged = real_write(path, *parts)
+    def write(path, *parts, **kw):
+        staged = real_write(path, *parts, **kw)
         first.setdefault("thread", threading.current_thread())
         first.setdefault("entries", 0)
         return staged
