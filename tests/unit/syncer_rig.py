@@ -17,6 +17,7 @@ from trainer.config import SyncerConfig, TrainConfig
 from trainer.events import iter_file
 from trainer.keys import learner_key
 from trainer.model import ModelConfig, build_model
+from trainer.storage import FILES, Storage
 from trainer.syncer import Syncer
 
 SECRET = b"ledger-test-secret-0123456789"
@@ -126,13 +127,14 @@ class Rig:
         self.clients: list[Client] = []
 
     def make(self, quorum: int = 1, grace: float = 0.0, max_staleness: int = 4, fragments: int = 1,
-             **syncer: object) -> Syncer:
-        """`syncer`: any other SyncerConfig field (limits, timeouts, bounds)."""
+             storage: Storage = FILES, **syncer: object) -> Syncer:
+        """`storage`: the state dir's disk (a SimDisk to inject faults or power losses);
+        `syncer`: any other SyncerConfig field (limits, timeouts, bounds)."""
         # No momentum warm-up: these tests check the arithmetic against torch's Nesterov step.
         cfg = SyncerConfig(host="127.0.0.1", port=0, state_dir=str(self.state_dir), outer_lr=LR,
                            outer_momentum=MU, quorum=quorum, grace=grace, max_staleness=max_staleness,
                            momentum_warmup=0.0, **syncer)  # type: ignore[arg-type]
-        s = Syncer(cfg, train_config(fragments), SECRET, str(self.run_dir))
+        s = Syncer(cfg, train_config(fragments), SECRET, str(self.run_dir), storage=storage)
         self.syncers.append(s)
         return s
 
