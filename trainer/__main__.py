@@ -10,6 +10,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from .clock import use_clock_of
 from .cli_args import (add_common_args, add_device_arg, add_syncer_args, add_train_args, forward_flags,
                        non_negative_int, positive_float, positive_int, syncer_config, train_config)
 from .argtypes import Parser, non_negative_float, parse_with_hints, subcommand_parser
@@ -52,6 +53,7 @@ def _preflight(train, data: str, parser: argparse.ArgumentParser, ranks: int = 1
 
 def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .syncer import serve
+    use_clock_of("syncer")
     train = train_config(args, parser, args.learners)
     cfg = syncer_config(args, parser, args.state_dir, args.host, args.port, args.eval_data or "")
     secret = _secret(args, parser)
@@ -67,6 +69,7 @@ def cmd_syncer(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 
 def cmd_learner(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    use_clock_of(f"learner-{args.learner}")
     try:
         address = Address.parse(args.connect)
     except ValueError as exc:

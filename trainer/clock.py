@@ -5,8 +5,10 @@ wall clock a chaos run can set wrong.
   and the event timeline are read from it.
 - The **wall** clock (`wall()`) can be stepped by NTP or an operator, run fast or slow, or
   disagree with another host's. Nothing the syncer decides depends on it: it only stamps
-  events (`wall`) for people. When $ISLANDS_CLOCK_FILE names a file, the file sets how
-  wrong it is: a JSON object {"offset": s, "rate": r, "anchor": t} makes
+  events (`wall`) for people. A clock file sets how wrong it is: $ISLANDS_CLOCK_FILE,
+  else `$ISLANDS_CLOCK_DIR/<role>.json` once the process knows its role (`use_clock_of`:
+  `syncer`, `learner-N`; one directory for a whole cluster, so every process of every
+  backend starts with the same environment). The file holds a JSON object {"offset": s, "rate": r, "anchor": t} makes
   wall = now + offset + (rate − 1) × (now − anchor), `now` being the true wall time. The
   chaos harness's `clock` fault writes it (docs/schedules.md); the process rereads it
   when it changes (a stat at most every CHECK_EVERY s). A missing or unreadable file
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 CLOCK_FILE_ENV = "ISLANDS_CLOCK_FILE"
+CLOCK_DIR_ENV = "ISLANDS_CLOCK_DIR"
 CHECK_EVERY = 0.02
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
@@ -35,7 +38,7 @@ class WallClock:
         self.path = Path(path) if path else None
         self._lock = threading.Lock()
         self._checked = -1.0
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self.offset, self.rate, self.anchor = 0.0, 1.0, 0.0
 
     def _refresh(self) -> None:
@@ -49,7 +52,7 @@ class WallClock:
             except OSError:
                 self._seen, self.offset, self.rate, self.anchor = None, 0.0, 1.0, 0.0
                 return
-            if self._seen == (st.st_mtime_ns, st.st_size):
+            if self._seen == (st.st_ino, st.st_mtime_ns, st.st_size):
                 return
             try:
                 spec = json.loads(self.path.read_text())
@@ -57,7 +60,7 @@ class WallClock:
                     float(spec.get("anchor", 0.0))
             except (OSError, ValueError, TypeError, AttributeError):
                 return  # a file caught mid-write: the next check reads it whole
-            self._seen = (st.st_mtime_ns, st.st_size)
+            self._seen = (st.st_ino, st.st_mtime_ns, st.st_size)
             self.offset, self.rate, self.anchor = offset, rate if rate > 0 else 1.0, anchor
 
     def __call__(self) -> float:
@@ -67,6 +70,15 @@ class WallClock:
 
 
 _WALL = WallClock(os.environ.get(CLOCK_FILE_ENV) or None)
+
+
+def use_clock_of(role: str) -> None:
+    """This process is `role` (syncer, learner-N): read $ISLANDS_CLOCK_DIR/<role>.json, unless
+    $ISLANDS_CLOCK_FILE names a file of its own."""
+    directory = os.environ.get(CLOCK_DIR_ENV)
+    if directory and not os.environ.get(CLOCK_FILE_ENV):
+        with _WALL._lock:
+            _WALL.path, _WALL._checked, _WALL._seen = Path(directory) / f"{role}.json", -1.0, None
 
 
 def wall() -> float:
