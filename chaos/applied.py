@@ -21,6 +21,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from faults import OUTAGE_KINDS
+
 # Heals after which nothing the schedule started is still in force (not the one before it).
 FINAL_HEALS = ("end", "signal", "exception")
 
@@ -172,13 +174,13 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
         shift = float((h.get("waited_for") or {}).get("shifted_by") or 0.0)
         at = float(fault.get("at", h.get("planned", 0.0))) + shift
         duration = float(fault.get("duration", 0.0))
-        down = h.get("kind") == "kill" and fault.get("restart", True) is False
+        down = h.get("kind") in OUTAGE_KINDS and fault.get("restart", True) is False
         planned_end = None if down else at + duration
         began = _done(h)
         stop = stops.get(h["index"])
         until = stop_late = shortfall = None
         if stop is not None:
-            kill = h.get("kind") == "kill"
+            kill = h.get("kind") in OUTAGE_KINDS
             until = _done(stop) if kill else float(stop["at"])
             # Over when its stop returned (a toxic removed, a process resumed), or for a kill
             # when its restart was issued: the restart's own start-up is the kill's recovery.

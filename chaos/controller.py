@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from faults import Event, Kill, Schedule
+from faults import Event, Schedule
+from faults.schedule import stays_down
 from trainer.signals import set_on_signal
 
 from .backends.base import Cluster
@@ -214,7 +215,7 @@ class Controller:
             starting = self.apply(Event(fault.at, "start", index, fault), t0, waited)
             with self._lock:
                 entries.append(starting)
-            if isinstance(fault, Kill) and not fault.restart:
+            if stays_down(fault):
                 return  # down until the final heal
             self._wait_until(t0 + fault.end + shift)
             stopping = self.apply(Event(fault.end, "stop", index, fault), t0)

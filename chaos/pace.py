@@ -25,6 +25,8 @@ Nothing here reads a wall clock of its own: the figures come from event times.
 """
 from __future__ import annotations
 
+from faults import OUTAGE_KINDS
+
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
@@ -45,7 +47,7 @@ MIN_INTERVALS = 3
 # what two shared cores took for Python + torch + the handshake on the slowest start seen.
 FALLBACK_STARTUP = 20.0
 # Faults after which the target is a fresh process that has to start cold.
-RESTARTING = {"kill", "exit"}  # exit: a process that exited on its own, restarted by the supervisor
+RESTARTING = {*OUTAGE_KINDS, "exit"}  # exit: a process that exited on its own, restarted by the supervisor
 # Faults during which a request can hang until its deadline (a killed peer closes at once).
 HANGING = {"partition", "pause"}
 

@@ -470,6 +470,7 @@ class ClusterSettings:
     data: str = DEFAULT_DATA
     trainer_args: tuple[str, ...] = ()
     task: str | None = None   # None: the session's --chaos-task
+    disk_layer: bool = False  # the disk-fault layer under the syncer's state dir: disk and power_loss faults
 
 
 @pytest.fixture
@@ -499,7 +500,7 @@ def cluster(request: pytest.FixtureRequest, tmp_path: Path, chaos_options: Chaos
     run_dir = tmp_path / "run"
     task = getattr(request, "param", None) or s.task  # indirect parametrization: cluster(task=...)
     spec = chaos_options.spec(learners=s.learners, mode=s.mode, data=s.data, trainer_args=s.trainer_args,
-                              task=task)
+                              task=task, disk_layer=s.disk_layer)
     _remember(request.node, RunRecord(run_dir, spec))
     c = runner.make_cluster(spec, run_dir)
     if getattr(c, "run_dir", None) is None:

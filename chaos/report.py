@@ -21,6 +21,8 @@ CLI: `report RUN_DIR` (wired as `python -m chaos report RUN_DIR`).
 """
 from __future__ import annotations
 
+from faults import OUTAGE_KINDS
+
 import argparse
 import base64
 import html
@@ -688,7 +690,7 @@ def _faults_html(run: Run) -> str:
             planned = _num(fault.get("at"))
         duration = _num(fault.get("duration"))
         planned_stop = planned + duration if planned is not None and duration is not None else None
-        if fault.get("kind") == "kill" and fault.get("restart") is False:
+        if fault.get("kind") in OUTAGE_KINDS and fault.get("restart") is False:
             planned_stop_text = "final heal"
         else:
             planned_stop_text = _fmt_t(planned_stop)

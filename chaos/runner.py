@@ -22,6 +22,7 @@ from trainer.runspec import RunSpec
 from .backends.base import Cluster
 from .checkers import RunView, Verdict, final_tokens, run_checkers, verdict_document
 from .controller import HISTORY_FILE, Controller, History, read_history
+from .nemesis import NEMESES
 from .reference import MODES as REFERENCE_MODES
 from .reference import ReferenceCurve
 from .reference import obtain as obtain_reference
@@ -170,7 +171,8 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
     spec = (spec or RunSpec()).replace(**settings) if settings else (spec or RunSpec())
     spec = spec.replace(seed=schedule.seed, duration=spec.duration if spec.duration is not None
-                        else default_duration(schedule))
+                        else default_duration(schedule),
+                        disk_layer=spec.disk_layer or NEMESES.need_disk_layer(schedule.faults))
     schedule.validate(spec.learners)
     if spec.duration < schedule.horizon:
         raise ValueError(f"duration: {spec.duration:g} s ends before the schedule's last fault does, at "

@@ -6,11 +6,14 @@ command line and ``faults.strategies`` (needs hypothesis) generates valid ones.
 """
 
 from faults.kinds import (
+    OUTAGE_KINDS,
     KINDS,
     LINK_KINDS,
     PROCESS_KINDS,
     Bandwidth,
     BaseFault,
+    Clock,
+    Disk,
     Fault,
     Kill,
     Latency,
@@ -18,6 +21,7 @@ from faults.kinds import (
     LinkFault,
     Partition,
     Pause,
+    PowerLoss,
     ProcessFault,
     ResetPeer,
     Slicer,
@@ -31,9 +35,12 @@ from faults.schedule import Event, Schedule, ScheduleError
 __all__ = [
     "KINDS",
     "LINK_KINDS",
+    "OUTAGE_KINDS",
     "PROCESS_KINDS",
     "Bandwidth",
     "BaseFault",
+    "Clock",
+    "Disk",
     "Event",
     "Fault",
     "Kill",
@@ -42,6 +49,7 @@ __all__ = [
     "LinkFault",
     "Partition",
     "Pause",
+    "PowerLoss",
     "ProcessFault",
     "ResetPeer",
     "Schedule",

@@ -12,7 +12,11 @@ Targets:
   ``learner-N/rank-R`` (R >= 0, one rank of a multi-rank learner);
 - link faults and partitions: ``learner-N``, meaning the link between that
   learner and the syncer. ``upstream`` is learner -> syncer, ``downstream``
-  is syncer -> learner (Toxiproxy's streams, with the learner as the client).
+  is syncer -> learner (Toxiproxy's streams, with the learner as the client);
+- disk and power_loss: ``syncer`` only, the one process with durable state
+  (learners keep none: a learner's power loss is a kill);
+- clock: ``syncer`` or ``learner-N``, a whole unit: a clock belongs to a host
+  (a container), not to one rank.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ DIRECTIONS: tuple[str, ...] = ("both", "upstream", "downstream")
 STREAMS: tuple[str, ...] = ("upstream", "downstream")
 PARTITION_MODES: tuple[str, ...] = ("blackhole", "refuse", "network")
 WHOLE_LINK_MODES: tuple[str, ...] = ("refuse", "network")  # no per-direction cut
+DISK_MODES: tuple[str, ...] = ("full", "eio", "slow")
+CLOCK_MODES: tuple[str, ...] = ("skew", "jump", "drift")
+TEN_YEARS = 315_360_000  # seconds (3650 days): the largest clock offset a schedule may ask for
 
 Direction = Literal["both", "upstream", "downstream"]
 Stream = Literal["upstream", "downstream"]
@@ -111,6 +118,9 @@ class Rule:
     whole: bool = False
     choices: tuple[str, ...] = ()
     noun: str = ""
+    only: tuple[str, ...] = ()  # process targets: the only names allowed (empty: any)
+    units: bool = False  # process targets: a whole unit only (syncer or learner-N), no rank
+    why: str = ""  # process targets: the message for a valid name refused by only/units ({unit}: its unit)
 
 
 def describe(value: object) -> str:
@@ -209,9 +219,11 @@ def check_value(rule: Rule, value: object, learners: int | None = None) -> list[
         if not isinstance(value, str):
             return [("", f"expected a string, got {describe(value)}")]
         try:
-            parse_target(value)
+            parsed = parse_target(value)
         except ValueError as exc:
             return [("", str(exc))]
+        if (rule.only and value not in rule.only) or (rule.units and parsed.rank is not None):
+            return [("", rule.why.format(unit=parsed.unit, target=value))]
         problem = _learner_bound(value, learners)
         return [] if problem is None else [("", problem)]
     if t == "link_target":
@@ -255,6 +267,28 @@ RATE = Rule("number", gt=0, whole=True)  # Toxiproxy takes whole KB/s
 FLAG = Rule("bool")
 COUNT = Rule("integer", ge=0)
 POSITIVE_COUNT = Rule("integer", ge=1)
+DISK_TARGET = Rule(
+    "process_target",
+    only=(SYNCER,),
+    why="disk faults act on a process's durable state, and only the syncer keeps any (its --state-dir)",
+)
+DISK_MODE = Rule("choice", choices=DISK_MODES, noun="mode")
+DISK_LATENCY = Rule("number", gt=0, le=10_000, whole=True)  # whole milliseconds per operation
+POWER_TARGET = Rule(
+    "process_target",
+    only=(SYNCER,),
+    why="power_loss acts on a process's durable state, and only the syncer keeps any"
+    " (a learner's power loss is a kill)",
+)
+CLOCK_TARGET = Rule(
+    "process_target",
+    units=True,
+    why="a clock belongs to a host (a unit's container), not to one of its ranks:"
+    " name {unit!r} instead of {target!r}",
+)
+CLOCK_MODE = Rule("choice", choices=CLOCK_MODES, noun="mode")
+CLOCK_OFFSET = Rule("number", ge=-TEN_YEARS, le=TEN_YEARS)
+CLOCK_RATE = Rule("number", gt=0, le=1000)
 
 
 # --------------------------------------------------------------------------- base classes
@@ -364,9 +398,15 @@ def _rule(cls: type, name: str) -> Rule:
 
 
 class ProcessFault(BaseFault):
-    """A fault on a process (``target``: syncer, learner-N or learner-N/rank-R)."""
+    """A fault on a process (``target``: syncer, learner-N or learner-N/rank-R).
+
+    ``resource`` is the part of the process the fault holds: ``process`` (its life: kill,
+    pause, power_loss), its ``disk`` or its ``clock``. Two faults on one process may overlap
+    only when they hold different parts (and the process is not down for good).
+    """
 
     target: str
+    resource: ClassVar[str] = "process"
 
 
 class LinkFault(BaseFault):
@@ -607,11 +647,107 @@ class Timeout(LinkFault):
         return {"timeout": int(self.timeout_ms)}
 
 
-Fault = Union[Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout]
+# --------------------------------------------------------------------------- a process's disk, power and clock
+
+
+DISK_LATENCY_MS = 50.0  # Disk.latency_ms's default
+
+
+@dataclass(frozen=True)
+class Disk(ProcessFault):
+    """A faulty disk under ``target``'s durable state for ``duration`` s; only the syncer keeps any (its --state-dir).
+
+    ``full``: writes fail with ENOSPC; ``eio``: writes and syncs fail with EIO; ``slow``: every
+    operation takes ``latency_ms`` (whole milliseconds) longer. The disk is sound again when the
+    fault ends.
+    """
+
+    kind: ClassVar[str] = "disk"
+    resource: ClassVar[str] = "disk"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(DISK_TARGET)
+    mode: str = _field(DISK_MODE)
+    latency_ms: float = _field(DISK_LATENCY, DISK_LATENCY_MS)
+
+    @classmethod
+    def _cross_problems(cls, values: Mapping[str, object]) -> list[tuple[str, str]]:
+        mode = values["mode"]
+        if mode != "slow" and values.get("latency_ms", DISK_LATENCY_MS) != DISK_LATENCY_MS:
+            return [("latency_ms", f"latency_ms is for mode 'slow'; mode {mode!r} adds no latency, so leave it out")]
+        return []
+
+
+@dataclass(frozen=True)
+class PowerLoss(ProcessFault):
+    """Cut ``target``'s power: it dies and every write it had not made durable (fsynced) is lost.
+
+    It restarts ``duration`` s later, or (restart=False) stays down until the final heal, as a
+    kill does. Only the syncer keeps durable state, so only it can lose power; a learner's power
+    loss is a kill.
+    """
+
+    kind: ClassVar[str] = "power_loss"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(POWER_TARGET)
+    restart: bool = _field(FLAG, True)
+
+
+@dataclass(frozen=True)
+class Clock(ProcessFault):
+    """``target``'s wall clock goes wrong; ``target`` is a unit (syncer or learner-N), a clock being a host's.
+
+    ``skew``: the clock reads ``offset_s`` off (ahead when positive) for the fault's duration,
+    then true again. ``jump``: the clock steps by ``offset_s`` at the fault's start and keeps the
+    stepped time after the fault ends: a step is not undone; the run's final heal restores true
+    time. ``drift``: the clock runs at ``rate`` times true speed during the fault and keeps the
+    offset it accumulated, ``(rate - 1) * duration`` s, afterwards, until the final heal.
+
+    Only the wall clock: the monotonic clock is not changed (a monotonic clock never steps, and
+    the event timeline is read from it).
+    """
+
+    kind: ClassVar[str] = "clock"
+    resource: ClassVar[str] = "clock"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(CLOCK_TARGET)
+    mode: str = _field(CLOCK_MODE)
+    offset_s: float = _field(CLOCK_OFFSET, 0.0)
+    rate: float = _field(CLOCK_RATE, 1.0)
+
+    @classmethod
+    def _cross_problems(cls, values: Mapping[str, object]) -> list[tuple[str, str]]:
+        mode, offset, rate = values["mode"], values.get("offset_s", 0.0), values.get("rate", 1.0)
+        out: list[tuple[str, str]] = []
+        if mode == "drift":
+            if offset != 0:
+                out.append(("offset_s", "mode 'drift' accumulates its offset from rate; leave offset_s out (0)"))
+            if rate == 1:
+                out.append(("rate", "mode 'drift' needs a rate other than 1 (e.g. 2: twice true speed)"))
+        else:
+            if offset == 0:
+                out.append(("offset_s", f"mode {mode!r} needs a non-zero offset_s"))
+            if rate != 1:
+                out.append(("rate", f"rate is for mode 'drift'; leave it out (1) for mode {mode!r}"))
+        return out
+
+
+Fault = Union[
+    Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout,
+    Disk, PowerLoss, Clock,
+]
 
 KINDS: dict[str, type[BaseFault]] = {
     cls.kind: cls
-    for cls in (Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout)
+    for cls in (
+        Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout,
+        Disk, PowerLoss, Clock,
+    )
 }
 PROCESS_KINDS: tuple[str, ...] = tuple(k for k, c in KINDS.items() if issubclass(c, ProcessFault))
 LINK_KINDS: tuple[str, ...] = tuple(k for k, c in KINDS.items() if issubclass(c, LinkFault))
+# Kinds that take their target down for the fault's duration and start it again at its
+# stop (or leave it down with ``restart: false``): its recovery is a cold start.
+OUTAGE_KINDS: tuple[str, ...] = ("kill", "power_loss")

@@ -32,6 +32,7 @@ from faults.kinds import (
     Kill,
     LinkFault,
     Partition,
+    PowerLoss,
     ProcessFault,
     describe,
     fmt_seconds,
@@ -102,17 +103,33 @@ def _overlap(a_start: float, a_end: float, b_start: float, b_end: float) -> bool
     return a_start < b_end and b_start < a_end
 
 
+def stays_down(fault: BaseFault) -> bool:
+    """A kill or power_loss with ``restart: false``: its target stays down until the final heal, so it has no stop."""
+    return isinstance(fault, (Kill, PowerLoss)) and not fault.restart
+
+
 def _down_until(fault: BaseFault) -> float:
-    """When a process fault releases its target; a kill without restart never does."""
-    if isinstance(fault, Kill) and not fault.restart:
-        return math.inf
-    return fault.end
+    """When a process fault releases its target; one that ``stays_down`` never does."""
+    return math.inf if stays_down(fault) else fault.end
+
+
+def _parts_overlap(a: BaseFault, b: BaseFault) -> bool:
+    """Two faults on different parts of one process (``resource``: its life, its disk, its
+    clock) planned to overlap, which they may: a disk stays faulty while its process is down."""
+    return (
+        isinstance(a, ProcessFault)
+        and isinstance(b, ProcessFault)
+        and a.resource != b.resource
+        and _overlap(a.at, a.end, b.at, b.end)
+    )
 
 
 def contend(a: BaseFault, b: BaseFault) -> bool:
     """Whether two faults act on the same thing: one process (or a unit and one of its
     ranks), the same toxic of one link, or one link's partition. Such faults may not
-    overlap in time, and the controller starts the later only once the earlier is over."""
+    overlap in time, and the controller starts the later only once the earlier is over;
+    the exception is faults on different parts of one process (its life, its disk, its
+    clock: ``ProcessFault.resource``), which may overlap and then are not ordered."""
     if isinstance(a, ProcessFault) and isinstance(b, ProcessFault):
         return targets_clash(a.target, b.target)
     if isinstance(a, LinkFault) and type(a) is type(b):
@@ -133,11 +150,18 @@ def _clash(i: int, a: BaseFault, j: int, b: BaseFault) -> str | None:
             return None
         where = a.target if a.target == b.target else f"{a.target} and {b.target}"
         for k, f in sorted(((i, a), (j, b)), key=lambda kf: kf[1].at):
-            if _down_until(f) == math.inf:
+            if stays_down(f):
+                does = "kills" if isinstance(f, Kill) else "cuts the power of"
                 return (
-                    f"{head} on {where}: faults[{k}] kills {f.target} at {fmt_seconds(f.at)} s with restart: false,"
+                    f"{head} on {where}: faults[{k}] {does} {f.target} at {fmt_seconds(f.at)} s with restart: false,"
                     " so it stays down until the final heal"
                 )
+        if a.resource != b.resource:
+            return None  # different parts of one process: a disk stays faulty while the process is down
+        if a.resource == "disk":
+            return f"{head} on {a.target}'s disk ({a.span} and {b.span}); a disk has only one fault mode at a time"
+        if a.resource == "clock":
+            return f"{head} on {a.target}'s clock ({a.span} and {b.span}); a clock can have only one fault at a time"
         return f"{head} on {where} ({a.span} and {b.span}); a process can have only one fault at a time"
     if isinstance(a, LinkFault) and type(a) is type(b):
         assert isinstance(b, LinkFault)
@@ -483,11 +507,14 @@ class Schedule:
         """Fault index -> every earlier fault on the same thing (``contend``), in start order:
         the controller starts a fault only once those are over, and any other fault at once.
         Every one, not only the latest: contention is not transitive (a partition of
-        learner-1 and learner-2 after one of each, a unit after one of its ranks)."""
+        learner-1 and learner-2 after one of each, a unit after one of its ranks). Faults on
+        different parts of one process planned to overlap (a power_loss during a disk fault)
+        are not ordered: waiting would move the later past the earlier's end."""
         order = sorted(range(len(self.faults)), key=lambda i: (self.faults[i].at, i))
         out: dict[int, list[int]] = {}
         for x, j in enumerate(order):
-            earlier = [i for i in order[:x] if contend(self.faults[i], self.faults[j])]
+            b = self.faults[j]
+            earlier = [i for i in order[:x] if contend(self.faults[i], b) and not _parts_overlap(self.faults[i], b)]
             if earlier:
                 out[j] = earlier
         return out
@@ -496,12 +523,14 @@ class Schedule:
         """Start/stop actions in time order; indices refer to ``self.faults``.
 
         At equal times stops come before starts, so back-to-back faults on one
-        target heal before the next one begins. A kill with ``restart: false``
-        has no stop: the target stays down until the final heal.
+        target heal before the next one begins. A kill or power_loss with
+        ``restart: false`` has no stop (``stays_down``): the target stays down until
+        the final heal. A clock jump or drift has a stop like any fault, though the
+        clock keeps its offset until the final heal.
         """
         events = []
         for i, fault in enumerate(self.faults):
             events.append(Event(fault.at, "start", i, fault))
-            if not (isinstance(fault, Kill) and not fault.restart):
+            if not stays_down(fault):
                 events.append(Event(fault.end, "stop", i, fault))
         return sorted(events, key=lambda e: (e.time, e.action == "start", e.index))

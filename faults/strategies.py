@@ -1,9 +1,22 @@
 """Hypothesis strategies for valid fault schedules.
 
 Validity is built in rather than filtered for: faults that could clash are put
-on one "lane" (a process unit, a partitioned link, or a link plus toxic kind)
-and laid end to end on it, so nothing overlaps. A fault that would not fit in
-the horizon, or that lands on a unit already killed for good, is left out.
+on one "lane" (a process unit, a partitioned link, a link plus toxic kind, a
+unit's disk or a unit's clock) and laid end to end on it, so nothing overlaps.
+A kill or power_loss of a unit shares the unit's process lane; disk and clock
+faults have lanes of their own, so they may overlap the unit's kills and pauses
+(a disk stays faulty while its process is down), which the schedule allows. A
+kill or power_loss without restart waits for, then closes, every lane of its
+unit. A fault that would not fit in the horizon, or that lands on a unit already
+down for good, is left out.
+
+Disk, power_loss and clock are drawn only when asked for (``kinds``), not by
+default. Disk and power_loss act on the syncer alone (the one process with
+durable state), so they are drawn only with ``include_syncer``; clock targets
+the syncer or a learner unit (never a rank). Clock offsets come from a few
+meaningful values (+/-1 s, +/-60 s, +/-3600 s, shrinking toward +1 s), drift
+rates from 2, 0.5 and 10; a slow disk's latency from 50 (the default), 5, 500
+and 5000 ms.
 
 Shrinking moves toward fewer faults (down to none), shorter ones
 (durations toward ``min_duration``), earlier ones (``at`` toward the lane's
@@ -15,8 +28,8 @@ second, computed as integers, so files read ``at: 2.3``, not ``2.300000000000000
 
 A kind's parameters are drawn field by field from each field's ``Rule`` (one draw per
 rule, below), so a new kind whose fields use known rules needs no edit here. Kill,
-partition, latency and slicer keep draws of their own: kill's target and restart are one
-draw, and the others have fields that constrain one another.
+partition, latency, slicer, disk and clock keep draws of their own: kill's target and
+restart are one draw, and the others have fields that constrain one another.
 
 hypothesis is imported inside the function, so ``faults`` works without it.
 """
@@ -28,13 +41,18 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from faults.kinds import (
+    CLOCK_MODES,
     COUNT,
     DIRECTION,
     DIRECTIONS,
+    DISK_LATENCY_MS,
+    DISK_MODES,
+    FLAG,
     KINDS,
     LINK_TARGET,
     MILLIS,
     POSITIVE_COUNT,
+    POWER_TARGET,
     PROCESS_KINDS,
     PROCESS_TARGET,
     RATE,
@@ -48,6 +66,10 @@ if TYPE_CHECKING:
     from hypothesis.strategies import SearchStrategy
 
 DEFAULT_KINDS: tuple[str, ...] = ("kill", "pause", "partition", "latency")
+SYNCER_ONLY_KINDS: tuple[str, ...] = ("disk", "power_loss")  # the syncer alone keeps durable state
+CLOCK_OFFSETS: tuple[float, ...] = (1.0, -1.0, 60.0, -60.0, 3600.0, -3600.0)  # shrinks toward +1 s
+DRIFT_RATES: tuple[float, ...] = (2.0, 0.5, 10.0)
+DISK_LATENCIES: tuple[float, ...] = (DISK_LATENCY_MS, 5.0, 500.0, 5000.0)  # the default first: left out of files
 
 
 def _tenths(seconds: float, up: bool) -> int:
@@ -69,7 +91,8 @@ def schedules(
     """Valid schedules for ``learners`` learners, every fault ending by ``horizon`` s.
 
     ``seed``: a fixed int, a strategy, or None for any 32-bit seed (shrinks to 0).
-    ``include_syncer``: whether kill/pause may target the syncer.
+    ``include_syncer``: whether kill/pause/clock may target the syncer; disk and power_loss,
+    which act on the syncer alone, are drawn only when it is true.
     ``ranks``: learner number -> ranks of its unit; kill/pause may then target a single
     rank (``learner-N/rank-R``) of a unit of several.
     """
@@ -79,6 +102,11 @@ def schedules(
     unknown = [k for k in kinds if k not in KINDS]
     if not kinds or unknown:
         raise ValueError(f"kinds must be a non-empty selection of {', '.join(KINDS)}; unknown: {unknown}")
+    if not include_syncer:
+        kinds = tuple(k for k in kinds if k not in SYNCER_ONLY_KINDS)
+        if not kinds:
+            raise ValueError(f"{' and '.join(SYNCER_ONLY_KINDS)} act on the syncer alone: "
+                             "include_syncer=False leaves no kind to draw")
     if isinstance(learners, bool) or not isinstance(learners, int) or learners < 1:
         raise ValueError(f"learners must be an integer >= 1, got {learners!r}")
     if max_faults < 0:
@@ -100,7 +128,8 @@ def schedules(
         raise ValueError(f"ranks must map learner numbers 1..{learners} to integers >= 1, got {bad_ranks}")
     rank_targets = [f"learner-{n}/rank-{r}" for n, count in sorted((ranks or {}).items()) if count > 1
                     for r in range(count)]
-    process_targets = names + ([SYNCER] if include_syncer else []) + rank_targets
+    units = names + ([SYNCER] if include_syncer else [])  # what a clock can belong to: no ranks
+    process_targets = units + rank_targets
     direction = st.sampled_from(DIRECTIONS)  # "both" first: the default is the simplest
     toxicity = st.integers(0, 9).map(lambda k: (10 - k) / 10)  # shrinks to 1.0
     millis = lambda lo_ms, hi_ms: st.integers(lo_ms, hi_ms).map(float)  # noqa: E731
@@ -115,6 +144,8 @@ def schedules(
         RATE: millis(1, 100_000),
         COUNT: st.integers(0, 1 << 20),
         POSITIVE_COUNT: st.integers(1, 4096),
+        POWER_TARGET: st.just(SYNCER),
+        FLAG: st.sampled_from((True, False)),  # the default (True) first
     }
 
     def from_rules(kind: str) -> SearchStrategy[dict[str, Any]]:
@@ -161,6 +192,21 @@ def schedules(
             "toxicity": draw(toxicity),
         }
 
+    @st.composite
+    def disk(draw: Any) -> dict[str, Any]:
+        mode = draw(st.sampled_from(DISK_MODES))
+        # Always draw the latency, so full and eio aren't "simpler" for having one draw fewer.
+        latency = draw(st.sampled_from(DISK_LATENCIES))
+        return {"target": SYNCER, "mode": mode, "latency_ms": latency if mode == "slow" else DISK_LATENCY_MS}
+
+    @st.composite
+    def clock(draw: Any) -> dict[str, Any]:
+        target, mode = draw(st.sampled_from(units)), draw(st.sampled_from(CLOCK_MODES))
+        offset, rate = draw(st.sampled_from(CLOCK_OFFSETS)), draw(st.sampled_from(DRIFT_RATES))
+        if mode == "drift":  # drift accumulates its own offset; skew and jump keep true speed
+            return {"target": target, "mode": mode, "offset_s": 0.0, "rate": rate}
+        return {"target": target, "mode": mode, "offset_s": offset, "rate": 1.0}
+
     special: dict[str, SearchStrategy[dict[str, Any]]] = {
         # one draw for target and restart, so a kill is as small as a pause and kinds shrink by order
         "kill": st.sampled_from([(t, r) for r in (True, False) for t in process_targets]).map(
@@ -169,6 +215,8 @@ def schedules(
         "partition": partition(),
         "latency": latency(),
         "slicer": slicer(),
+        "disk": disk(),
+        "clock": clock(),
     }
     params = {kind: special[kind] if kind in special else from_rules(kind) for kind in kinds}
 
@@ -179,9 +227,17 @@ def schedules(
         length = draw(st.integers(lo, hi))
         return kind, gap, length, draw(params[kind])
 
+    def stays_down(kind: str, p: dict[str, Any]) -> bool:
+        return kind in ("kill", "power_loss") and not p["restart"]
+
     def lanes(kind: str, p: dict[str, Any]) -> list[tuple[str, ...]]:
+        if kind in ("disk", "clock"):
+            return [(kind, p["target"])]  # a unit's disk, a unit's clock: may overlap its kills and pauses
         if kind in PROCESS_KINDS:
-            return [("process", p["target"].split("/")[0])]  # a unit and its ranks share a lane
+            unit = p["target"].split("/")[0]  # a unit and its ranks share a lane
+            if stays_down(kind, p):  # after everything on the unit, and nothing on it after
+                return [("process", unit), ("disk", unit), ("clock", unit)]
+            return [("process", unit)]
         if kind == "partition":
             return [("partition", t) for t in p["targets"]]
         return [("link", kind, p["target"])]
@@ -210,9 +266,8 @@ def schedules(
                 continue  # does not fit (or the unit is down for good)
             length = min(length, end - at)
             faults.append(KINDS[kind](at=at / 10, duration=length / 10, **p))
-            stays_down = kind == "kill" and not p["restart"]
             for k in keys:
-                free[k] = math.inf if stays_down else at + length
+                free[k] = math.inf if stays_down(kind, p) else at + length
         return Schedule(seed=chosen_seed, faults=tuple(faults), learners=learners)  # type: ignore[arg-type]
 
     return build()

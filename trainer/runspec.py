@@ -17,7 +17,7 @@ from .argtypes import check_device
 
 BACKENDS = ("local", "compose", "swarm")
 # Fields to_argv writes its own way (or not at all: env goes before the command).
-SPELLED_OUT = ("backend", "learners", "trainer_args", "learner_args", "duration", "env")
+SPELLED_OUT = ("backend", "learners", "trainer_args", "learner_args", "duration", "env", "disk_layer")
 MODES = ("decoupled", "sync")
 
 
@@ -36,6 +36,9 @@ class RunSpec:
     warm_spares: int = 0            # local backend: warm processes restarts take
     seed: int | None = None         # the fault schedule's seed
     env: dict[str, str] = field(default_factory=dict)     # set for the cluster's processes
+    # The disk-fault layer (chaos/diskfs) under the syncer's state dir, for the whole run: a
+    # `disk` or `power_loss` fault needs it from the start (the runner sets it from the schedule).
+    disk_layer: bool = False
 
     def __post_init__(self) -> None:
         # Lists from callers become tuples, so a spec is a value that nothing can change under it.
@@ -72,6 +75,8 @@ class RunSpec:
             raise ValueError(f"warm_spares: only the local backend keeps warm spare processes, not {self.backend!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
+        if not isinstance(self.disk_layer, bool):
+            raise ValueError(f"disk_layer: must be true or false, got {self.disk_layer!r}")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"env: must map strings to strings, got {self.env!r}")
 

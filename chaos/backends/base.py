@@ -120,11 +120,38 @@ class Cluster(ABC):
     def connect(self, target: str) -> None:
         raise UnsupportedFault(f"{type(self).__name__} cannot connect {target!r} to a network")
 
+    # ----------------------------------------------------------- the syncer's disk
+    # A `disk` or `power_loss` fault needs the disk-fault layer (chaos/diskfs) mounted over the
+    # syncer's state dir from the start (RunSpec.disk_layer). A backend that can mount it says
+    # so; one that cannot says why, and schedules with those faults are refused before a run.
+    supports_disk_layer = False
+    disk_layer_refusal = "this backend cannot mount the disk-fault layer"
+
+    def set_disk(self, target: str, mode: str, latency_ms: float = 50.0) -> None:
+        """Put `target`'s disk (the syncer's state dir) in fault mode `mode` (full, eio, slow, none)."""
+        raise UnsupportedFault(f"{type(self).__name__}: disk faults: {self.disk_layer_refusal}")
+
+    def power_loss(self, target: str) -> None:
+        """Kill `target` and its disk layer together: every write not made durable is lost.
+        `restart(target)` powers both up again."""
+        raise UnsupportedFault(f"{type(self).__name__}: power_loss: {self.disk_layer_refusal}")
+
+    def _needs_disk_layer(self, kind: str) -> str:
+        """The refusal of a disk/power_loss fault on a cluster started without the layer."""
+        return (f"{kind} faults need the disk-fault layer under the syncer's state dir from the start, and this "
+                f"cluster was started without it (RunSpec(disk_layer=True); the pytest fixture's "
+                f"ClusterSettings(disk_layer=True); `chaos run` sets it from the schedule)")
+
     def unsupported(self, schedule) -> list[str]:
         """One message per fault of `schedule` this backend cannot apply, naming the field."""
+        from ..nemesis import NEMESES  # the nemeses know the backends' interface, not the reverse
+
         problems = []
         known = set(self.services())
         for i, f in enumerate(schedule.faults):
+            if NEMESES.need_disk_layer([f]) and not self.supports_disk_layer:
+                problems.append(f"faults[{i}].kind: {f.kind} needs the disk-fault layer (chaos/diskfs) under the "
+                                f"syncer's state dir, and {self.disk_layer_refusal}")
             target = getattr(f, "target", None)
             if isinstance(target, str) and "/rank-" in target and target not in known:
                 unit = target.split("/", 1)[0]
@@ -135,11 +162,48 @@ class Cluster(ABC):
                 problems.append(f"faults[{i}].mode: 'network' partitions need the compose backend or the swarm backend")
         return problems
 
+    # ----------------------------------------------------------- clocks
+    # A process reads its wall clock through a file per role in this directory
+    # (trainer/clock.py; $ISLANDS_CLOCK_DIR names it to every process, as the process sees
+    # it: `clock_dir_env`). The clock nemesis writes the files; what steps and drifts left
+    # behind, per target, is in `clock_offsets` until the final heal.
+    @property
+    def clock_dir(self) -> Path:
+        return self.run_dir / "clocks"
+
+    @property
+    def clock_dir_env(self) -> str:
+        """$ISLANDS_CLOCK_DIR as the processes see it (a container may mount the run dir elsewhere)."""
+        return str(self.clock_dir)
+
+    def clock_file(self, target: str) -> Path:
+        """The clock file of `target`'s unit (a clock belongs to a host: a unit's ranks share it)."""
+        return self.clock_dir / f"{self.check_target(target).split('/', 1)[0]}.json"
+
+    @property
+    def clock_offsets(self) -> dict[str, float]:
+        return self.__dict__.setdefault("_clock_offsets", {})
+
+    @property
+    def clock_anchors(self) -> dict[str, float]:
+        return self.__dict__.setdefault("_clock_anchors", {})
+
+    def heal_clocks(self) -> list[str]:
+        """Every wall clock true again (a cluster with no run directory has no clock files)."""
+        if getattr(self, "run_dir", None) is None:
+            return []
+        done = [f"set {p.stem}'s wall clock true" for p in sorted(self.clock_dir.glob("*.json"))]
+        for path in self.clock_dir.glob("*.json"):
+            path.unlink(missing_ok=True)
+        self.clock_offsets.clear()
+        self.clock_anchors.clear()
+        return done
+
     # ----------------------------------------------------------- healing
     def heal_all(self) -> list[str]:
         """Idempotent: remove every toxic, enable every proxy, resume what is paused,
-        restart what should be up. Returns what it did, for the history."""
-        done: list[str] = []
+        restart what should be up, set every clock true. Returns what it did, for the history."""
+        done: list[str] = self.heal_clocks()
         for proxy in self.link_proxies():
             try:
                 before = self.toxiproxy.proxy(proxy)

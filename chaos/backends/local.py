@@ -20,13 +20,15 @@ from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
 from ..supervisor import Supervisor
+from trainer.clock import CLOCK_DIR_ENV
 from trainer.events import EventLog
 from trainer.runspec import RunSpec
 from trainer.keys import write_key_files
 from trainer.secretfile import ensure_secret
 from trainer.wire import load_secret
 
-from .base import Cluster
+from .base import Cluster, UnsupportedFault
+from .disk_layer import LocalDiskLayer, missing_requirements
 from .ranks import published_rank_pid, split_rank, wait_for_rank
 
 START_TIMEOUT = 90.0
@@ -36,6 +38,8 @@ TOXIPROXY = "toxiproxy"  # the proxy server's process: not a fault target
 
 
 class LocalCluster(Cluster):
+    supports_disk_layer = True  # when this machine can mount it (preflight says what it lacks)
+
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, toxiproxy_url: str | None = None,
                  name: str = "islands", **settings) -> None:
         """`spec` is what runs; `settings` (learners=, mode=, task=, ...) make or amend one."""
@@ -60,6 +64,12 @@ class LocalCluster(Cluster):
         self._stopping = False
         self.supervisor: Supervisor | None = None
         self._supervisor_log: EventLog | None = None
+        self.disk = LocalDiskLayer(self.run_dir, self.registry) if spec.disk_layer else None
+
+    def preflight(self) -> None:
+        if self.disk is not None and (missing := missing_requirements()):
+            raise ValueError(f"disk_layer: the disk-fault layer (disk and power_loss faults) needs "
+                             f"{', '.join(missing)} on this machine")
 
     # ----------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -69,7 +79,7 @@ class LocalCluster(Cluster):
         # Each learner gets only its own key (trainer/keys.py); the run secret is the syncer's.
         self.key_files = write_key_files(self.run_dir / "keys", load_secret(str(secret_file)), self.learners)
         self.env = {**os.environ, **self.spec.env, "ISLANDS_SECRET_FILE": str(secret_file),
-                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+                    "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", CLOCK_DIR_ENV: self.clock_dir_env}
         self._start_spares()
         self._start_toxiproxy()
         # Every process imports torch (3-4 s of CPU): start them together, not the learners
@@ -77,6 +87,8 @@ class LocalCluster(Cluster):
         # point at it now; a learner that dials before the syncer listens is refused by its
         # proxy and retries (trainer/link.py), as after a syncer restart.
         self._reserve_syncer_port()
+        if self.disk is not None:
+            self.disk.start()
         syncer = self._spawn_syncer()
         for i in range(1, self.learners + 1):
             self._create_proxy(f"learner-{i}")
@@ -193,6 +205,8 @@ class LocalCluster(Cluster):
             proc.terminate(STOP_TIMEOUT)
         if "syncer" in self.procs:
             self.procs["syncer"].terminate(STOP_TIMEOUT)
+        if self.disk is not None:
+            self.disk.stop()
         if self.spares is not None:
             self.spares.close()
         if TOXIPROXY in self.procs:
@@ -230,6 +244,22 @@ class LocalCluster(Cluster):
         if proc is not None:
             proc.kill()
 
+    def set_disk(self, target: str, mode: str, latency_ms: float = 50.0) -> None:
+        if self.disk is None:
+            raise UnsupportedFault(self._needs_disk_layer("disk"))
+        self.disk.set_mode(mode, latency_ms)
+
+    def power_loss(self, target: str) -> None:
+        """SIGKILL the syncer and the disk layer under it: what was not synced is gone."""
+        if self.disk is None:
+            raise UnsupportedFault(self._needs_disk_layer("power_loss"))
+        with self._lock:
+            proc = self._proc(target)
+            self._held.add(target)
+            if proc is not None:
+                proc.kill()
+            self.disk.power_off()
+
     def pause(self, target: str) -> None:
         self._signal(target, signal.SIGSTOP)
 
@@ -251,6 +281,8 @@ class LocalCluster(Cluster):
         with self._lock:
             self._held.discard(unit)
             proc = self.procs.get(unit)
+            if unit == "syncer" and self.disk is not None and not self.disk.running:
+                self.disk.start()  # powered up again: the layer first, with only its durable image
             spawned = None if proc is not None and proc.running() else self._spawn_unit(unit)
         if spawned is None:
             if rank is not None:  # the unit restarts its ranks itself: wait for it

@@ -42,14 +42,18 @@ from typing import TYPE_CHECKING, Any
 
 from . import toxic
 from .base import Nemesis, Registry, UnknownKind
+from .clock import ClockNemesis
+from .disk import DiskNemesis
 from .kill import KillNemesis
 from .partition import PartitionNemesis
 from .pause import PauseNemesis
+from .power import PowerLossNemesis
 
 if TYPE_CHECKING:
     from ..backends.base import Cluster
 
-NEMESES = Registry(KillNemesis(), PauseNemesis(), PartitionNemesis(), *toxic.NEMESES)
+NEMESES = Registry(KillNemesis(), PauseNemesis(), PartitionNemesis(), *toxic.NEMESES, DiskNemesis(),
+                   PowerLossNemesis(), ClockNemesis())
 
 
 def nemesis_for(fault: Any) -> Nemesis:

@@ -30,6 +30,7 @@ class Nemesis(ABC):
     kind: str
     color: str | None = None
     impairs_learner: bool = False
+    needs_disk_layer: bool = False  # the syncer's state dir must be the disk-fault layer from the start
 
     @abstractmethod
     def start(self, cluster: Cluster, fault: Any) -> str:
@@ -77,6 +78,10 @@ class Registry:
     def impairing(self) -> set[str]:
         """Kinds that keep their target learner (or, on the syncer, every learner) from contributing."""
         return {kind for kind, n in self._by_kind.items() if n.impairs_learner}
+
+    def need_disk_layer(self, faults: Any) -> bool:
+        """Whether any of `faults` needs the disk-fault layer under the syncer's state dir."""
+        return any(getattr(self._by_kind.get(getattr(f, "kind", "")), "needs_disk_layer", False) for f in faults)
 
     def colors(self) -> dict[str, str]:
         """The report's colour of every kind that has one."""

@@ -29,9 +29,9 @@ from faults.kinds import (
 def test_kind_strings_are_stable() -> None:
     assert list(KINDS) == [
         "kill", "pause", "partition", "latency", "bandwidth",
-        "reset_peer", "slow_close", "slicer", "limit_data", "timeout",
+        "reset_peer", "slow_close", "slicer", "limit_data", "timeout", "disk", "power_loss", "clock",
     ]  # fmt: skip
-    assert PROCESS_KINDS == ("kill", "pause")
+    assert PROCESS_KINDS == ("kill", "pause", "disk", "power_loss", "clock")
     assert LINK_KINDS == ("latency", "bandwidth", "reset_peer", "slow_close", "slicer", "limit_data", "timeout")
     assert Kill(0, 1, "syncer").kind == "kill"
 

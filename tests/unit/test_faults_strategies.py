@@ -22,10 +22,13 @@ from faults.kinds import (
     LINK_TARGET,
     MILLIS,
     TOXICITY,
+    Clock,
+    Disk,
     Kill,
     Latency,
     LinkFault,
     Partition,
+    PowerLoss,
     Rule,
     Slicer,
     _field,
@@ -99,6 +102,80 @@ def test_every_kind_is_drawn() -> None:
 
     collect()
     assert seen == set(KINDS)
+
+
+NEW_KINDS = ("disk", "power_loss", "clock")
+
+
+@QUICK
+@given(schedules(learners=2, kinds=("kill", "pause", *NEW_KINDS), max_faults=10, horizon=12.0, min_duration=0.1,
+                 max_duration=12.0, ranks={1: 2}))
+def test_new_kinds_are_valid_and_round_trip(schedule: Schedule) -> None:
+    check(schedule, 12.0, 0.1, 12.0)
+    for fault in schedule.faults:
+        if fault.kind in ("disk", "power_loss"):
+            assert fault.target == "syncer"
+        if fault.kind == "clock":
+            assert fault.target in {"syncer", "learner-1", "learner-2"}  # units, never a rank
+            assert fault.offset_s in {0, 1, -1, 60, -60, 3600, -3600}
+            assert fault.rate in {1.0, 0.5, 2.0, 10.0}
+
+
+@QUICK
+@given(schedules(learners=2, kinds=("kill", *NEW_KINDS), max_faults=8, include_syncer=False))
+def test_without_the_syncer_only_learner_clocks(schedule: Schedule) -> None:
+    check(schedule, 20.0, 0.5, 8.0)
+    assert {f.kind for f in schedule.faults} <= {"kill", "clock"}
+    assert "syncer" not in schedule.targets()
+
+
+def test_syncer_only_kinds_need_the_syncer() -> None:
+    with pytest.raises(ValueError, match="include_syncer=False leaves no kind to draw"):
+        schedules(kinds=("disk", "power_loss"), include_syncer=False)
+
+
+def test_new_kinds_are_not_drawn_by_default() -> None:
+    assert faults.strategies.DEFAULT_KINDS == ("kill", "pause", "partition", "latency")
+
+
+def test_each_new_kind_is_drawn() -> None:
+    seen: set[str] = set()
+
+    @settings(max_examples=300, database=None, deadline=None)
+    @given(schedules(kinds=("kill", *NEW_KINDS), max_faults=6))
+    def collect(schedule: Schedule) -> None:
+        seen.update(f.kind for f in schedule.faults)
+
+    collect()
+    assert seen == {"kill", *NEW_KINDS}
+
+
+@pytest.mark.parametrize("kind", ["disk", "clock"])
+def test_disk_and_clock_faults_overlap_outages_of_their_unit(kind: str) -> None:
+    """On lanes of their own, not laid end to end with the unit's kills and power losses."""
+
+    def overlaps(s: Schedule) -> bool:
+        return any(a.kind == kind and b.kind in ("kill", "power_loss") and a.target == b.target
+                   and a.at < b.end and b.at < a.end for a in s.faults for b in s.faults)
+
+    found = find(schedules(kinds=("kill", *NEW_KINDS), max_faults=6), overlaps, settings=FIND)
+    assert found.validate() is found and len(found.faults) == 2
+
+
+def test_new_kinds_shrink_to_simple_faults() -> None:
+    kinds = ("kill", *NEW_KINDS)
+    found = find(schedules(kinds=kinds), lambda s: any(f.kind == "disk" for f in s.faults), settings=FIND)
+    assert found.faults == (Disk(0.0, 0.5, "syncer", "full"),)
+    found = find(schedules(kinds=kinds), lambda s: any(f.kind == "power_loss" for f in s.faults), settings=FIND)
+    assert found.faults == (PowerLoss(0.0, 0.5, "syncer"),)
+    found = find(schedules(kinds=kinds), lambda s: any(f.kind == "clock" for f in s.faults), settings=FIND)
+    assert found.faults == (Clock(0.0, 0.5, "learner-1", "skew", 1.0),)
+    found = find(schedules(kinds=kinds), lambda s: any(f.kind == "clock" and f.mode == "drift" for f in s.faults),
+                 settings=FIND)
+    assert found.faults == (Clock(0.0, 0.5, "learner-1", "drift", rate=2.0),)
+    found = find(schedules(kinds=kinds), lambda s: any(f.kind == "disk" and f.mode == "slow" for f in s.faults),
+                 settings=FIND)
+    assert found.faults == (Disk(0.0, 0.5, "syncer", "slow"),)  # the default latency, left out of files
 
 
 def test_shrinks_to_one_short_early_simple_fault() -> None:

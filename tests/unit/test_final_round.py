@@ -9,7 +9,7 @@ import torch
 from trainer import wire
 from trainer.outer import Contribution, final_average
 
-from tests.unit.syncer_rig import TOKENS, Rig, initial_params, push_frame, rig, wait_until  # noqa: F401
+from tests.unit.syncer_rig import TOKENS, Rig, initial_params, push_frame, wait_until
 
 
 def _contrib(learner: int, seq: int, tokens: int, value: float) -> Contribution:

@@ -9,17 +9,13 @@ import time
 
 import pytest
 
-from tests.unit.syncer_rig import H, Rig, poll_until, push_frame, rig, wait_until  # noqa: F401 (fixture)
+from tests.unit.syncer_rig import H, Rig, poll_until, push_frame, wait_until
 from trainer import wire
 from trainer.simdisk import SimDisk
 
 
 def disk_for(r: Rig) -> SimDisk:
     return SimDisk(roots=(str(r.state_dir.parent),))
-
-
-def kinds(r: Rig, kind: str) -> list[dict]:
-    return r.events(kind)
 
 
 def test_a_full_disk_answers_the_push_with_a_storage_error_and_keeps_the_connection(rig: Rig) -> None:

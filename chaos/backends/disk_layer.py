@@ -1,0 +1,79 @@
+"""The disk-fault layer of a local cluster: a diskfs daemon (chaos/diskfs) mounted over the
+syncer's state directory for the whole run.
+
+`RUN_DIR/state` is the mount the syncer uses; `RUN_DIR/state.disk` holds the durable image
+underneath. A disk fault sets the daemon's mode; a power loss SIGKILLs it (with the syncer)
+and a new daemon comes back with only what was durable, in the mode in force. At the end
+the daemon stops cleanly (everything flushed, as at an unmount) and the durable image is
+moved back to `RUN_DIR/state`, so the run directory reads like any other.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from ..diskfs import DiskControl, power_loss, start_diskfs, stop_diskfs
+from ..processes import Registry
+
+FUSE_DEVICE = Path("/dev/fuse")
+
+
+def missing_requirements() -> list[str]:
+    """What this machine lacks to mount the layer (empty when nothing)."""
+    missing = []
+    if not FUSE_DEVICE.exists():
+        missing.append("the /dev/fuse device")
+    if shutil.which("fusermount3") is None:
+        missing.append("fusermount3 (Debian: apt-get install fuse3)")
+    if importlib.util.find_spec("mfusepy") is None:
+        missing.append("the mfusepy package (pip install mfusepy)")
+    return missing
+
+
+class LocalDiskLayer:
+    """One diskfs daemon under `run_dir/state`, recorded in the cluster's registry (a crashed
+    run's daemon is reaped by the next, like its other processes)."""
+
+    NAME = "diskfs"
+
+    def __init__(self, run_dir: Path, registry: Registry) -> None:
+        self.mount = run_dir / "state"
+        self.backing = run_dir / "state.disk"
+        self.control = run_dir / "diskfs.sock"
+        self.log = run_dir / "logs" / "diskfs.log"
+        self.registry = registry
+        self.popen: subprocess.Popen | None = None
+        self.mode: tuple[str, float] = ("none", 50.0)
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self) -> None:
+        """Mount (again) over the durable image, in the mode in force."""
+        self.mount.mkdir(parents=True, exist_ok=True)
+        self.popen = start_diskfs(self.backing, self.mount, self.control, self.log)
+        self.registry.record_pid(self.NAME, self.popen.pid, list(map(str, self.popen.args)))
+        if self.mode[0] != "none":
+            self.set_mode(*self.mode)
+
+    def set_mode(self, mode: str, latency_ms: float = 50.0) -> None:
+        self.mode = (mode, latency_ms)
+        DiskControl(self.control).set_mode(mode, latency_ms)
+
+    def power_off(self) -> None:
+        """SIGKILL the daemon: what was not durable is gone; the mount point is usable again."""
+        if self.popen is not None:
+            power_loss(self.popen, self.mount)
+
+    def stop(self) -> None:
+        """Stop cleanly (everything becomes durable) and put the durable image at `run_dir/state`."""
+        if self.popen is not None:
+            stop_diskfs(self.popen, self.mount)
+            self.popen = None
+        if self.backing.is_dir() and self.mount.is_dir() and not os.listdir(self.mount):
+            self.mount.rmdir()
+            self.backing.rename(self.mount)

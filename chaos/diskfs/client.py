@@ -1,0 +1,109 @@
+"""A client for a diskfs daemon's control socket, and its command line.
+
+    python -m chaos.diskfs.client SOCKET mode full|eio|slow|none [--latency-ms 50]
+    python -m chaos.diskfs.client SOCKET status
+
+prints the daemon's JSON reply and exits 1 if the daemon refused or did not answer (so a
+harness can run it inside a container with `docker exec`). Every call has a deadline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from .control import MAX_LINE
+from .modes import DEFAULT_LATENCY_MS, MODES
+from .sockpath import connect
+
+
+class DiskControlError(RuntimeError):
+    """The daemon did not answer in time, or refused the request; the message names the socket."""
+
+
+class DiskControl:
+    """One diskfs daemon's control socket; each call connects, asks, and is bounded by `timeout`."""
+
+    def __init__(self, socket_path: str | os.PathLike, timeout: float = 5.0) -> None:
+        self.socket_path = os.fspath(socket_path)
+        self.timeout = timeout
+
+    def set_mode(self, mode: str, latency_ms: float = DEFAULT_LATENCY_MS) -> dict[str, Any]:
+        return self.request({"op": "mode", "mode": mode, "latency_ms": latency_ms})
+
+    def status(self) -> dict[str, Any]:
+        return self.request({"op": "status"})
+
+    def request(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The reply to `request`; DiskControlError if it is not ok."""
+        reply = self.raw(json.dumps(request).encode() + b"\n")
+        if not reply.get("ok"):
+            raise DiskControlError(f"diskfs control {self.socket_path}: {reply.get('error', reply)}")
+        return reply
+
+    def raw(self, line: bytes) -> dict[str, Any]:
+        """The parsed reply to one raw request line, whether ok or not."""
+        deadline = time.monotonic() + self.timeout
+        where = f"diskfs control {self.socket_path}"
+        try:
+            with connect(self.socket_path, self.timeout) as sock:
+                sock.sendall(line)
+                buf = b""
+                while b"\n" not in buf:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise socket.timeout()
+                    sock.settimeout(left)
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        raise DiskControlError(f"{where}: the daemon closed the connection without a reply")
+                    buf += chunk
+                    if len(buf) > 16 * MAX_LINE:
+                        raise DiskControlError(f"{where}: a reply longer than {16 * MAX_LINE} bytes")
+        except socket.timeout:
+            raise DiskControlError(f"{where}: no answer within {self.timeout:g} s (is the daemon running, or stopped?)") from None
+        except FileNotFoundError:
+            raise DiskControlError(f"{where}: no such socket (is the daemon running?)") from None
+        except ConnectionRefusedError:
+            raise DiskControlError(f"{where}: connection refused (the daemon is gone)") from None
+        except OSError as exc:
+            raise DiskControlError(f"{where}: {exc}") from None
+        try:
+            return json.loads(buf.partition(b"\n")[0])
+        except ValueError:
+            raise DiskControlError(f"{where}: a reply that is not JSON: {buf[:200]!r}") from None
+
+
+def main(argv: list[str] | None = None, prog: str = "python -m chaos.diskfs.client") -> int:
+    from trainer.argtypes import Parser, non_negative_float
+
+    parser = Parser(prog=prog, description="Set a diskfs daemon's fault mode or read its counters.")
+    parser.add_argument("socket", help="the daemon's control socket (its --control)")
+    parser.add_argument("--timeout", type=non_negative_float, default=5.0,
+                        help="seconds to wait for the daemon's reply")
+    sub = parser.add_subparsers(dest="command", required=True)
+    mode = sub.add_parser("mode", help="set the fault mode")
+    mode.add_argument("mode", choices=MODES, help="none, full (ENOSPC), eio (EIO) or slow (latency)")
+    mode.add_argument("--latency-ms", type=non_negative_float, default=DEFAULT_LATENCY_MS,
+                      help="the delay of every operation under slow, in milliseconds")
+    sub.add_parser("status", help="print the mode, the counters, unsynced bytes and files")
+    args = parser.parse_args(argv)
+    control = DiskControl(args.socket, timeout=args.timeout)
+    if args.command == "mode":
+        request = {"op": "mode", "mode": args.mode, "latency_ms": args.latency_ms}
+    else:
+        request = {"op": "status"}
+    try:
+        reply = control.raw(json.dumps(request).encode() + b"\n")
+    except DiskControlError as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(json.dumps(reply, sort_keys=True))
+    return 0 if reply.get("ok") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
