@@ -45,7 +45,7 @@ from .ranks import param_digest
 from .served import DELTA_ENCODINGS, ServedFragment
 from .validation import DEFAULT_MAX_STEP_TOKENS, NormGuard, PushBounds, check_position, tensor_norm
 from .atomic import atomic_write_json
-from .group_commit import DiskFailed, GroupCommit, write_staged
+from .group_commit import GroupCommit, write_staged
 from .state import StateDir, load_tensors, read_json, remove_stale_temporaries, with_metadata
 from .storage import FILES, Storage, SyncFailed, describe_error, is_full
 from .sync_state import SyncRound
