@@ -657,9 +657,9 @@ DISK_LATENCY_MS = 50.0  # Disk.latency_ms's default
 class Disk(ProcessFault):
     """A faulty disk under ``target``'s durable state for ``duration`` s; only the syncer keeps any (its --state-dir).
 
-    ``full``: writes fail with ENOSPC; ``eio``: writes and syncs fail with EIO; ``slow``: every
-    operation takes ``latency_ms`` (whole milliseconds) longer. The disk is sound again when the
-    fault ends.
+    ``full``: writes fail with ENOSPC; ``eio``: syncs fail with EIO (writes are taken, as a
+    page cache takes them); ``slow``: every operation takes ``latency_ms`` (whole
+    milliseconds) longer. The disk is sound again when the fault ends.
     """
 
     kind: ClassVar[str] = "disk"

@@ -2,8 +2,8 @@
 
 The state directory is a FUSE layer (chaos/diskfs, docs/diskfs.md) for the whole run when
 a schedule holds a disk or power_loss fault; this sets its fault mode through the
-backend (`Cluster.set_disk`): `full` answers writes ENOSPC, `eio` answers writes and
-syncs EIO, `slow` adds `latency_ms` to every operation. The stop sets it sound again.
+backend (`Cluster.set_disk`): `full` answers writes ENOSPC, `eio` answers syncs EIO
+(writes are taken, as a page cache takes them), `slow` adds `latency_ms` to every operation. The stop sets it sound again.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from .base import Nemesis
 if TYPE_CHECKING:
     from ..backends.base import Cluster
 
-WHAT = {"full": "full (ENOSPC on writes)", "eio": "failing (EIO on writes and syncs)"}
+WHAT = {"full": "full (ENOSPC on writes)", "eio": "failing (EIO on syncs)"}
 
 
 class DiskNemesis(Nemesis):
