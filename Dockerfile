@@ -1,7 +1,7 @@
 # One image for every role: syncer, learner, and our Toxiproxy-compatible server.
 #
 #   docker build -t islands:latest .                                   # from PyPI
-#   docker build --build-arg BASE_IMAGE=islands-base:bookworm -t islands:latest .
+#   docker build --build-arg BASE_IMAGE=islands-base:bookworm-fuse3 -t islands:latest .
 #                                                                      # offline, from ./wheelhouse
 # With wheels in ./wheelhouse (see docker/build-image.sh) nothing is downloaded during the
 # build: pip runs with --no-index. Without them, pip installs from PyPI and torch's CPU index.

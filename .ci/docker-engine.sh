@@ -28,5 +28,5 @@ ensure_engine() {
 }
 
 build_image() {
-    BASE_IMAGE=islands-base:bookworm timeout 900 docker/build-image.sh || { echo "error: image build failed" >&2; return 1; }
+    BASE_IMAGE=islands-base:bookworm-fuse3 timeout 900 docker/build-image.sh || { echo "error: image build failed" >&2; return 1; }
 }

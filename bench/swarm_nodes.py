@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     check = s = sub.add_parser("check", help="throwaway stack: placement, overlay, bind mount, node failover")
     s.add_argument("--victim", default=f"{PREFIX}-3",
                    help="the worker node powered off (docker kill) to time detection and reschedule")
-    s.add_argument("--check-image", default="islands-base:bookworm", help="image of the test services "
+    s.add_argument("--check-image", default="islands-base:bookworm-fuse3", help="image of the test services "
                    "(needs python3; loaded into the nodes if missing)")
     s.add_argument("--endpoint-mode", default="dnsrr", choices=["vip", "dnsrr"],
                    help="the test services' deploy endpoint_mode: vip (a virtual IP) or dnsrr (DNS round robin)")

@@ -2,10 +2,10 @@
 # Build the Islands image without pulling anything from a registry.
 #
 #   docker/build-image.sh                  # base python:3.11-slim if present, else a debootstrap base
-#   BASE_IMAGE=islands-base:bookworm docker/build-image.sh
+#   BASE_IMAGE=islands-base:bookworm-fuse3 docker/build-image.sh
 #
 # 1. A base image: $BASE_IMAGE when it exists locally; otherwise Debian bookworm with
-#    python3 built by debootstrap and `docker import`ed as islands-base:bookworm (kept and
+#    python3 and fuse3 (the disk-fault layer) built by debootstrap and `docker import`ed as islands-base:bookworm-fuse3 (kept and
 #    reused by later builds).
 # 2. A wheelhouse: every dependency downloaded on the host into ./wheelhouse, torch pinned
 #    to the CPU build, so pip inside the build runs with --no-index.
@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 IMAGE=${ISLANDS_IMAGE:-islands:latest}
-DEBOOTSTRAP_IMAGE=islands-base:bookworm
+DEBOOTSTRAP_IMAGE=islands-base:bookworm-fuse3
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
@@ -36,7 +36,7 @@ base_image() {
         local root
         root=$(mktemp -d /tmp/islands-rootfs.XXXXXX)
         log "debootstrap bookworm into $root (about a minute)"
-        debootstrap --variant=minbase --include=python3,python3-venv,tini bookworm "$root" "$MIRROR" >"$root.log" 2>&1 \
+        debootstrap --variant=minbase --include=python3,python3-venv,tini,fuse3 bookworm "$root" "$MIRROR" >"$root.log" 2>&1 \
             || { log "debootstrap failed; see $root.log"; exit 1; }
         rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
         tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' - "$DEBOOTSTRAP_IMAGE" >/dev/null

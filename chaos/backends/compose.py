@@ -33,7 +33,8 @@ from trainer.task import BUILTIN_TASKS
 from ..client import NotFound, ToxiproxyClient, Unreachable
 from ..filelock import hold, holder
 from ..processes import islands_home, proc_start_time
-from .base import Cluster, UnknownTarget
+from .base import Cluster, UnknownTarget, UnsupportedFault
+from .disk_layer import MODE_FILE, write_mode_file
 from .compose_file import (KEY_DIR_ENV, PROXY_BASE_PORT, SYNCER_UPSTREAM, defined_learners, key_secrets,
                            learner_command, learner_service, load_services)
 from .compose_cli import ComposeError, ComposeProject, find_compose_command, find_compose_file
@@ -97,8 +98,25 @@ def _image_present(client, image: str) -> bool:
 TASK_MOUNT = "/islands/task"  # where every container sees the user's task folder (read-only)
 
 
+DISK_OVERRIDE_FILE = "compose.disk.yaml"
+DISK_CONTROL = "/run/islands-diskfs.sock"  # the disk layer's control socket inside the syncer's container
+
+
+def disk_layer_override() -> dict:
+    """The syncer service with the disk-fault layer (docker/entrypoint.sh mounts it): what a
+    container needs for FUSE (the /dev/fuse device, CAP_SYS_ADMIN, and no AppArmor profile,
+    which forbids mount on hosts that load one), and its state volume at /islands/state.disk
+    too, the durable image under the mount."""
+    return {"services": {"syncer": {
+        "devices": ["/dev/fuse:/dev/fuse"], "cap_add": ["SYS_ADMIN"], "security_opt": ["apparmor:unconfined"],
+        "environment": {"ISLANDS_DISK_LAYER": "1"}, "volumes": ["syncer-state:/islands/state.disk"]}}}
+
+
 class ComposeCluster(Cluster):
     backend_name = "compose"
+    # The disk layer runs in the syncer's container (docker/entrypoint.sh): a killed container
+    # loses what it held unsynced, so there a kill of the syncer is a power loss as well.
+    supports_disk_layer = True
     # A fault action is an engine call here (kill, pause, start, network disconnect): the
     # worst fault of compose-acceptance.yaml was in force 0.24 s late idle and 0.59 s late
     # beside two busy loops (bench/fault_timing.py --backend compose; BENCHMARKS.md).
@@ -219,6 +237,11 @@ class ComposeCluster(Cluster):
             path = self.run_dir / "compose.learners.yaml"
             path.write_text(yaml.safe_dump(extra, sort_keys=False))
             files.append(path)
+        if self.spec.disk_layer:
+            path = self.run_dir / DISK_OVERRIDE_FILE
+            path.write_text(yaml.safe_dump(disk_layer_override(), sort_keys=False))
+            files.append(path)
+            write_mode_file(self.run_dir / MODE_FILE, "none", 50.0)
         return files
 
     def _service_files(self) -> list[Path]:
@@ -459,6 +482,28 @@ class ComposeCluster(Cluster):
         if split_rank(self.check_target(target))[1] is not None:
             return self._signal_rank(target, 0) == "T"
         return self._status(target) == "paused"
+
+    # ----------------------------------------------------------- the syncer's disk
+    def set_disk(self, target: str, mode: str, latency_ms: float = 50.0) -> None:
+        """The mode goes to the run dir first (a daemon started again with its container reads
+        it), then to the running daemon through its control socket, inside the container."""
+        if not self.spec.disk_layer:
+            raise UnsupportedFault(self._needs_disk_layer("disk"))
+        write_mode_file(self.run_dir / MODE_FILE, mode, latency_ms)
+        c = self._container(target)
+        if self._state(c) != "running":
+            return  # down (a kill, a power loss, a restart): it starts in the mode just written
+        code, out = c.exec_run(["python3", "-m", "chaos.diskfs.client", DISK_CONTROL, "mode", mode,
+                                "--latency-ms", f"{latency_ms:g}"])
+        if code != 0:
+            raise ComposeError(f"{target}: setting its disk to {mode} failed (exit {code}): "
+                               f"{out.decode(errors='replace').strip()[-500:]}")
+
+    def power_loss(self, target: str) -> None:
+        """The syncer's container is killed whole: its processes and the disk layer's memory."""
+        if not self.spec.disk_layer:
+            raise UnsupportedFault(self._needs_disk_layer("power_loss"))
+        self.kill(target)
 
     # ----------------------------------------------------------- networks
     supports_network_partitions = True

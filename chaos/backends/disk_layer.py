@@ -10,6 +10,7 @@ moved back to `RUN_DIR/state`, so the run directory reads like any other.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -19,6 +20,14 @@ from ..diskfs import DiskControl, power_loss, start_diskfs, stop_diskfs
 from ..processes import Registry
 
 FUSE_DEVICE = Path("/dev/fuse")
+MODE_FILE = "diskfs-mode.json"  # the mode in force, which a restarted daemon starts in (--mode-file)
+
+
+def write_mode_file(path: Path, mode: str, latency_ms: float) -> None:
+    """Keep the mode in force where a daemon started later reads it (atomically)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps({"mode": mode, "latency_ms": latency_ms}))
+    os.replace(tmp, path)
 
 
 def missing_requirements() -> list[str]:
@@ -44,9 +53,9 @@ class LocalDiskLayer:
         self.backing = run_dir / "state.disk"
         self.control = run_dir / "diskfs.sock"
         self.log = run_dir / "logs" / "diskfs.log"
+        self.mode_file = run_dir / MODE_FILE
         self.registry = registry
         self.popen: subprocess.Popen | None = None
-        self.mode: tuple[str, float] = ("none", 50.0)
 
     @property
     def running(self) -> bool:
@@ -55,13 +64,11 @@ class LocalDiskLayer:
     def start(self) -> None:
         """Mount (again) over the durable image, in the mode in force."""
         self.mount.mkdir(parents=True, exist_ok=True)
-        self.popen = start_diskfs(self.backing, self.mount, self.control, self.log)
+        self.popen = start_diskfs(self.backing, self.mount, self.control, self.log, mode_file=self.mode_file)
         self.registry.record_pid(self.NAME, self.popen.pid, list(map(str, self.popen.args)))
-        if self.mode[0] != "none":
-            self.set_mode(*self.mode)
 
     def set_mode(self, mode: str, latency_ms: float = 50.0) -> None:
-        self.mode = (mode, latency_ms)
+        write_mode_file(self.mode_file, mode, latency_ms)
         DiskControl(self.control).set_mode(mode, latency_ms)
 
     def power_off(self) -> None:

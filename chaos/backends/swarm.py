@@ -61,6 +61,10 @@ def _parse_time(stamp: str) -> float:
 
 class SwarmCluster(ComposeCluster):
     backend_name = "swarm"
+    supports_disk_layer = False
+    disk_layer_refusal = ("the swarm backend cannot mount it: a swarm service cannot be given the /dev/fuse "
+                          "device (docker service create has no --device), which a FUSE file system needs; run "
+                          "disk and power_loss faults on the local or compose backend")
     partitions_file = "swarm-partitions.json"
     project_noun, project_env = "swarm stack", STACK_ENV
 

@@ -40,6 +40,10 @@ def build_parser(prog: str = "python -m chaos.diskfs") -> Parser:
     parser.add_argument("--control", required=True, help="Unix socket path of the control protocol")
     parser.add_argument("--ready-file", default=None,
                         help="file written (JSON: pid, mount, backing, control) once the mount answers")
+    parser.add_argument("--mode-file", default=None,
+                        help="the fault mode to start in, a JSON object {\"mode\": ..., \"latency_ms\": ...} "
+                             "(a harness keeps the mode in force there, so a daemon restarted with its container "
+                             "or after a power loss does not silently heal the disk); missing: mode none")
     parser.add_argument("--foreground", action="store_true",
                         help="stay in the foreground; without it the command returns once the mount is ready "
                              "and the daemon goes on in the background")
@@ -60,12 +64,23 @@ def main(argv: list[str] | None = None, prog: str = "python -m chaos.diskfs") ->
     os.makedirs(mount, exist_ok=True)
     if not args.foreground:
         return _background(args, backing, mount)
-    return run(backing, mount, args.control, args.ready_file)
+    return run(backing, mount, args.control, args.ready_file, args.mode_file)
 
 
-def run(backing: str, mount: str, control_path: str, ready_file: str | None) -> int:
+def initial_mode(policy: FaultPolicy, mode_file: str | None) -> None:
+    """Start in the mode `mode_file` names (none when it is missing)."""
+    if not mode_file or not os.path.exists(mode_file):
+        return
+    spec = json.loads(Path(mode_file).read_text())
+    policy.set_mode(str(spec.get("mode", "none")), float(spec.get("latency_ms", 50.0)))
+    log.info("starting in mode %s (from %s)", policy.mode, mode_file)
+
+
+def run(backing: str, mount: str, control_path: str, ready_file: str | None, mode_file: str | None = None) -> int:
     """Mount, serve until told to stop, flush. The exit status."""
-    if mounts.is_mounted(mount):
+    # Another file system mounted there (a container's volume) is shadowed by this mount, as
+    # any mount shadows its mount point; another FUSE mount is another daemon's, or a dead one.
+    if mounts.is_mounted(mount) and (mounts.mount_type(mount) or "").startswith("fuse"):
         if not mounts.is_dead(mount):
             log.error("%s is already mounted (%s) and answers: is another daemon serving it?",
                       mount, mounts.mount_type(mount))
@@ -77,6 +92,7 @@ def run(backing: str, mount: str, control_path: str, ready_file: str | None) -> 
     started = time.monotonic()
     model = Model(load_image(backing))
     ops = DiskFS(model, Backing(backing), FaultPolicy())
+    initial_mode(ops.policy, mode_file)
     log.info("loaded %s: %d files, %.1f ms", backing, model.file_count(), (time.monotonic() - started) * 1e3)
     control = ControlServer(control_path, ops.policy.set_mode, ops.status).start()
     done, ready = threading.Event(), threading.Event()
@@ -146,7 +162,7 @@ def _background(args, backing: str, mount: str) -> int:
         os.close(devnull)
         code = 1
         try:
-            code = run(backing, mount, args.control, ready)
+            code = run(backing, mount, args.control, ready, args.mode_file)
         finally:
             os._exit(code)
     deadline = time.monotonic() + READY_TIMEOUT_S

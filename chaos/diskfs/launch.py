@@ -33,7 +33,8 @@ def ready_path(log_path: str | os.PathLike) -> Path:
 
 
 def start_diskfs(backing: str | os.PathLike, mount: str | os.PathLike, control: str | os.PathLike,
-                 log_path: str | os.PathLike, timeout: float = 30.0) -> subprocess.Popen:
+                 log_path: str | os.PathLike, timeout: float = 30.0,
+                 mode_file: str | os.PathLike | None = None) -> subprocess.Popen:
     """Start `python -m chaos.diskfs` and return once its mount answers (its ready file names
     its pid). DiskfsError with the log's tail if it exits first or is not ready in `timeout`."""
     log = Path(log_path)
@@ -41,7 +42,8 @@ def start_diskfs(backing: str | os.PathLike, mount: str | os.PathLike, control: 
     ready = ready_path(log)
     ready.unlink(missing_ok=True)
     argv = [sys.executable, "-m", "chaos.diskfs", "--backing", os.fspath(backing), "--mount", os.fspath(mount),
-            "--control", os.fspath(control), "--ready-file", str(ready), "--foreground"]
+            "--control", os.fspath(control), "--ready-file", str(ready), "--foreground",
+            *(["--mode-file", os.fspath(mode_file)] if mode_file is not None else [])]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     with open(log, "ab") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

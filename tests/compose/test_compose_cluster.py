@@ -65,6 +65,26 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     assert "every learner is training" in done.stdout and "faults[3] kill syncer started" in done.stdout
 
 
+def test_disk_faults_a_power_loss_and_clock_steps_pass_in_containers(tmp_path: Path) -> None:
+    """Issue 27's schedule in containers: the disk-fault layer runs in the syncer's container
+    (/dev/fuse, CAP_SYS_ADMIN), a full disk is refused (storage_full) and backed off from, a
+    failed sync ends the syncer with 75 and Docker's restart policy starts it again, the power
+    loss kills the container and its disk layer, and wall clocks step through the run dir."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "chaos", "run", str(ROOT / "examples" / "schedules" / "disk-power-clock.yaml"),
+           "--backend", "compose", "--out", str(out), "--reference", "off", "--", *FAST_TRAINER_ARGS]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=420)
+    assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert (out / "compose.disk.yaml").is_file(), "the syncer ran without the disk-fault layer"
+    events = read_events(out)
+    kinds = [(e.get("process"), e["kind"], e.get("reason")) for e in events]
+    assert ("syncer", "disk_failed", None) in kinds, "the failed sync was not seen"
+    assert any(p and p.startswith("learner-") and k == "push_deferred" and r == "storage_full" for p, k, r in kinds)
+    starts = [e for e in events if e.get("process") == "syncer" and e["kind"] == "process_start"]
+    assert len(starts) >= 3, "the syncer was not started again after its failed sync and after the power loss"
+    assert (out / "state" / "meta.json").is_file(), "the durable image was not copied out"
+
+
 def test_network_partition_keeps_the_aliases_and_the_learner_rejoins(cluster: ComposeCluster) -> None:
     run_dir = cluster.run_dir
     cluster.disconnect("learner-2")

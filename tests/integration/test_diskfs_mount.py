@@ -437,3 +437,16 @@ def test_the_bench_measures_both_figures(tmp_path) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert figures["diskfs_4mb_write_fsync_mb_s"] > 0 and figures["diskfs_10kb_atomic_writes_per_s"] > 0
+
+
+def test_a_daemon_started_again_keeps_the_mode_in_force_from_its_mode_file(disk) -> None:
+    """A daemon restarted with its container (or after a power loss) must not heal the disk
+    by itself: it starts in the mode the harness keeps in --mode-file."""
+    mode_file = disk.work / "mode.json"
+    mode_file.write_text(json.dumps({"mode": "full", "latency_ms": 50}))
+    power_loss(disk.popen, disk.mount)
+    disk.popen = start_diskfs(disk.backing, disk.mount, disk.control, disk.log, timeout=30.0, mode_file=mode_file)
+    assert disk.client().status()["mode"] == "full"
+    with pytest.raises(OSError) as info:
+        (disk.mount / "new").write_bytes(b"x" * 4096)
+    assert info.value.errno == errno.ENOSPC
