@@ -25,14 +25,15 @@ mean of all live learners; each learner applies it with its AdamW, as DDP would.
 """
 from __future__ import annotations
 
-import random
 import signal
 import sys
 import threading
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
+from tenacity import wait_exponential_jitter
 
 from . import defects, wire
 from .codec import decode, encode
@@ -53,7 +54,9 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
-BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # seconds between sends after "not now" (storage) refusals
+# Seconds between sends after "not now" (storage) refusals: 0.2 doubling to 2, plus up to 0.2 of jitter.
+BACKOFF_MAX = 2.0
+BACKOFF = wait_exponential_jitter(initial=0.2, max=BACKOFF_MAX, jitter=0.2)
 POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
 TASK_EXIT = 4  # the user's task failed mid-run (an exception, a NaN loss): restarted with backoff
 
@@ -139,6 +142,7 @@ class Learner:
         self.group: Group = SoloGroup()
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
         self._refusals_in_a_row = 0  # "not now" refusals (storage) since the last answered push
+        self._retry_at = 0.0         # the head push is not sent before this (monotonic; _back_off)
         self.inbox = Inbox()
         self.syncer_versions: list[int] = []
         self.adopted_versions: list[int] = []
@@ -494,7 +498,10 @@ class Learner:
                     welcome = self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
                     self._note_versions(welcome.header.get("versions"))
                 item = self.queue.peek()
-                if item is not None:
+                # After a "not now" refusal the head push waits out its backoff, while the link
+                # goes on heartbeating and pulling: a backoff must not cost the learner its lease.
+                deferred = item is not None and time.monotonic() < self._retry_at
+                if item is not None and not deferred:
                     self._send_push(item)
                     # With P fragments a push falls due every H/P steps and the queue is rarely
                     # empty: pulling only when idle would starve adoption.
@@ -507,8 +514,11 @@ class Learner:
                     beat = self.link.request(wire.message(wire.HEARTBEAT, poll))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
-                if known is None:
-                    self.queue.wait(max(0.0, heartbeat_due(self.link, self.cfg.heartbeat_interval) - time.monotonic()))
+                due = heartbeat_due(self.link, self.cfg.heartbeat_interval)
+                if deferred:
+                    self.stop.wait(max(0.0, min(due, self._retry_at) - time.monotonic()))
+                elif known is None:
+                    self.queue.wait(max(0.0, due - time.monotonic()))
             except Refusal as exc:
                 if exc.reason in FATAL_REASONS:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
@@ -626,16 +636,17 @@ class Learner:
             self.awaiting[fragment][seq] = version
 
     def _back_off(self, exc: Refusal) -> None:
-        """Wait before sending again after a "not now" refusal: exponential with jitter,
-        from BACKOFF_FIRST to BACKOFF_MAX s, so learners do not hammer a full disk. The
-        push at the head of the queue stays, under its id: its retry is the same push."""
+        """Defer the next send after a "not now" refusal: exponential with jitter (tenacity's
+        wait, BACKOFF), so learners do not hammer a full disk. The push at the head of the
+        queue stays, under its id: its retry is the same push. The network loop heartbeats
+        meanwhile."""
         self._refusals_in_a_row += 1
-        delay = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._refusals_in_a_row - 1)) * (0.5 + random.random() / 2)
+        delay = BACKOFF(SimpleNamespace(attempt_number=self._refusals_in_a_row))
+        self._retry_at = time.monotonic() + delay
         item = self.queue.peek()
         self.events.emit("push_deferred", reason=str(exc.reason), detail=exc.detail, retry_in=round(delay, 3),
                          refusals_in_a_row=self._refusals_in_a_row,
                          **({"fragment": item.fragment, "seq": item.seq} if item is not None and item.claimed else {}))
-        self.stop.wait(delay)
 
     def _drop_refused_push(self, exc: Refusal) -> None:
         item = self.queue.peek()
