@@ -12,15 +12,22 @@ if TYPE_CHECKING:
 
 
 class KillNemesis(Nemesis):
+    """An outage: the target is taken down at the start and started again at the stop
+    (`restart: false`: left down until the final heal). Subclasses change how it goes down."""
+
     kind = "kill"
     color = "#d62728"
     impairs_learner = True
 
+    def take_down(self, cluster: Cluster, target: str) -> str:
+        cluster.kill(target)
+        return f"SIGKILL {target}"
+
     def start(self, cluster: Cluster, fault: Kill) -> str:
-        cluster.kill(fault.target)
+        did = self.take_down(cluster, fault.target)
         if not fault.restart:
             cluster.hold_down(fault.target)  # an engine that restarts by itself (Swarm) must not
-        return f"SIGKILL {fault.target}"
+        return did
 
     def stop(self, cluster: Cluster, fault: Kill) -> str:
         if not fault.restart:
