@@ -95,12 +95,14 @@ def power_loss(popen: subprocess.Popen, mount: str | os.PathLike, timeout: float
             popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise DiskfsError(f"diskfs pid {popen.pid} at {mount} did not die within {timeout:g} s of SIGKILL") from None
-    _release_mount(mount, timeout)
+    # At once, not after auto_unmount's watcher: under load it was seen to take 10 s, and a
+    # power loss is in force from the kill (the caller times it); a lazy unmount takes ms.
+    _release_mount(mount, wait=0.0)
 
 
-def _release_mount(mount: str | os.PathLike, timeout: float = 5.0) -> None:
-    """Wait (bounded) for auto_unmount's watcher to unmount `mount`, else unmount it lazily."""
-    if not mounts.wait_unmounted(mount, timeout):
+def _release_mount(mount: str | os.PathLike, wait: float = 5.0) -> None:
+    """Wait (at most `wait` s) for auto_unmount's watcher to unmount `mount`, else unmount it lazily."""
+    if not mounts.wait_unmounted(mount, wait):
         mounts.unmount(mount, lazy=True)
     if mounts.is_mounted(mount):
         raise DiskfsError(f"{mount} is still mounted after the daemon's end and fusermount3 -uz")
