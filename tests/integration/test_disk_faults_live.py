@@ -45,13 +45,13 @@ def verdict(run_dir: Path) -> dict[str, dict]:
 
 def test_ack_before_sync_survives_sigkill_and_loses_acknowledged_pushes_at_a_power_loss(tmp_path: Path) -> None:
     killed = run_schedule(schedule("kill"), tmp_path / "kill", learners=2, trainer_args=FAST, env=DEFECT,
-                          duration=30, reference="off")
+                          duration=25, reference="off")
     checks = verdict(tmp_path / "kill")
     assert checks["no_lost_acks"]["status"] == "pass", checks["no_lost_acks"]
     assert checks["faults_applied"]["status"] == "pass", checks["faults_applied"]
 
     cut = run_schedule(schedule("power_loss"), tmp_path / "power", learners=2, trainer_args=FAST, env=DEFECT,
-                       duration=30, reference="off")
+                       duration=25, reference="off")
     checks = verdict(tmp_path / "power")
     assert checks["faults_applied"]["status"] == "pass", checks["faults_applied"]
     assert checks["no_lost_acks"]["status"] == "fail", checks["no_lost_acks"]
@@ -65,9 +65,14 @@ def test_the_disk_power_and_clock_schedule_passes_with_refusals_not_drops(tmp_pa
     assert result.passed, json.dumps(result.document["checks"], indent=1)
     events = read_events(run_dir)
     seen = Counter((e.get("process"), e["kind"], str(e.get("reason", e.get("exit_code", "")))) for e in events)
+    assert seen[("syncer", "storage_error", "storage_full")] >= 1, "the full disk was never felt"
+    # A learner refused for the disk keeps its push and defers it; one whose last push waits
+    # for a merge the full disk holds back sends none (either may happen, by timing). None drops one.
     deferred = {reason for (process, kind, reason) in seen if kind == "push_deferred"}
-    assert "storage_full" in deferred and deferred <= {"storage_full", "storage_io"}, seen
-    assert sum(n for (_, kind, r), n in seen.items() if kind == "push_deferred" and r == "storage_full") >= 2
+    assert deferred <= {"storage_full", "storage_io"}, seen
+    dropped = [e for e in events if e["kind"] == "push" and e.get("status") == "refused"
+               and str(e.get("reason", "")).startswith("storage")]
+    assert not dropped, f"pushes dropped for a storage refusal: {dropped[:3]}"
     assert seen[("syncer", "disk_failed", "")] >= 1, "the failed sync was not seen"
     assert seen[("supervisor", "exit", "75")] >= 1, "the syncer did not exit for a restart after the failed sync"
     # Before issue 27 a disk error closed the learner's connection: `leave` events whose reason
