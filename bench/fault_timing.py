@@ -39,7 +39,8 @@ faults:
 - {kind: kill, at: 3, duration: 2, target: syncer}
 - {kind: latency, at: 6, duration: 3, target: learner-1, latency_ms: 100}
 """
-LOCAL_SCHEDULES = ("examples/schedules/kill-partition-latency.yaml", "examples/schedules/quick.yaml")
+LOCAL_SCHEDULES = ("examples/schedules/kill-partition-latency.yaml", "examples/schedules/quick.yaml",
+                   "examples/schedules/disk-power-clock.yaml")
 FAST = ["--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10"]
 
 

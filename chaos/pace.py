@@ -14,7 +14,7 @@ and `converged` allow a sum of what this run measured and what it was configured
   learner's (the learners start together, competing for the cores);
 - the configured delays, read from the syncer's `process_start`: heartbeat timeout,
   request timeout, grace (and the late-merge wait max(5·grace, 1.5 rounds) of
-  `Syncer._decide`), plus the learner's reconnect backoff cap (trainer/link.py:
+  trainer/merge_rule.py), plus the learner's reconnect backoff cap (trainer/link.py:
   `wait_exponential_jitter(max=2.0)`).
 
 A fault's recovery is what its kind costs: a kill, the cold start of the role it killed;
@@ -25,11 +25,12 @@ Nothing here reads a wall clock of its own: the figures come from event times.
 """
 from __future__ import annotations
 
-from faults import OUTAGE_KINDS
-
 import statistics
 from dataclasses import asdict, dataclass
 from typing import Callable, Iterable
+
+from faults import OUTAGE_KINDS
+from trainer.merge_rule import LATE_GRACES, LATE_ROUNDS
 
 # trainer/link.py: HELLO retries use wait_exponential_jitter(multiplier=0.05, max=2.0, jitter=0.2);
 # tenacity caps the wait (jitter included) at max.
@@ -72,8 +73,8 @@ class Pace:
 
     @property
     def late_wait(self) -> float:
-        """How long the syncer holds a lone late push before merging it alone (Syncer._decide)."""
-        return max(5 * self.grace, 1.5 * self.round_period)
+        """How long the syncer holds a lone late push before merging it alone (MergeRule.decide)."""
+        return max(LATE_GRACES * self.grace, LATE_ROUNDS * self.round_period)
 
     def restart(self, kind: str, target: str = "learner") -> float:
         """The cold start a fault of `kind` on `target` costs before the target can do anything."""

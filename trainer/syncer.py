@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +35,8 @@ from .events import EventLog
 from .fragments import Fragment, partition
 from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
+from .merge_rule import (MERGE_TIMES_KEPT, Arrivals, MergeRule, Waiting, grace_window, is_stale,  # noqa: F401
+                         predict_arrival, round_period)
 from .signals import stop_on_signals
 from .task import load_task
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_average, merge, merge_weights,
@@ -56,52 +58,6 @@ REPLY_DEADLINE = 30.0
 DISK_FAILED_EXIT = 75
 ADMISSION_REASONS = frozenset({Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.UNAUTHENTICATED_LIMIT,
                                Reason.IDLE_TIMEOUT})
-ARRIVALS_KEPT = 6  # push times kept per (fragment, learner): five intervals for the grace estimator
-
-
-def predict_arrival(times: list[float] | tuple[float, ...] | deque) -> float | None:
-    """When a learner's next push of a fragment should arrive, from its recent push times.
-
-    last + median(I) + MAD(I), where I are the intervals between the given times and MAD
-    is their median absolute deviation from the median (the slack for jitter). None with
-    fewer than two times: no interval, no estimate.
-    """
-    times = list(times)
-    if len(times) < 2:
-        return None
-    gaps = sorted(b - a for a, b in zip(times, times[1:]))
-    med = _median(gaps)
-    mad = _median(sorted(abs(g - med) for g in gaps))
-    return times[-1] + med + mad
-
-
-def _median(sorted_values: list[float]) -> float:
-    n = len(sorted_values)
-    mid = n // 2
-    return sorted_values[mid] if n % 2 else (sorted_values[mid - 1] + sorted_values[mid]) / 2
-
-
-def grace_window(opened: float, cap: float, predicted: dict[int, float | None]) -> tuple[float, str]:
-    """The adaptive grace window: when it closes, and why (a line for the merge event).
-
-    `opened` is when quorum was met, `predicted` maps each live learner still missing from
-    this round to its predicted arrival (None: no estimate). The window closes at the
-    latest predicted arrival, never later than opened + cap and never before opened: a
-    learner already overdue, or one without an estimate, adds no wait.
-    """
-    if not predicted:
-        return opened, "all live learners reported"
-    unknown = sorted(j for j, t in predicted.items() if t is None)
-    known = {j: t for j, t in predicted.items() if t is not None}
-    if not known:
-        return opened, f"no estimate for learner {', '.join(map(str, unknown))}: no wait"
-    last = max(known, key=lambda j: (known[j], j))
-    at = known[last] - opened
-    if at > cap:
-        return opened + cap, f"cap {cap:.2f} s (predicted learner {last} at {at:+.2f} s)"
-    if at <= 0:
-        return opened, f"learner {last} overdue (predicted at {at:+.2f} s): no wait"
-    return known[last], f"predicted learner {last} at {at:+.2f} s"
 
 
 @dataclass
@@ -146,42 +102,13 @@ class FragmentState:
     accum_count: int = 0                                          # ... and how many Δs that is
     tokens: int = 0                                               # raw tokens merged so far (durable)
     rounds: float = 0.0                                           # outer rounds merged so far (durable)
-    arrivals: dict[int, tuple[int, deque]] = field(default_factory=dict)  # learner -> (incarnation, push times)
+    arrivals: Arrivals = field(default_factory=Arrivals)  # recent push times: the adaptive grace's estimates
     writing: bool = False  # a merge is being written: its version will not hold pushes accepted meanwhile
 
-    def note_arrival(self, learner: int, incarnation: int, now: float) -> None:
-        """Remember when an accepted push arrived (a new incarnation starts a new history)."""
-        inc, times = self.arrivals.get(learner, (None, None))
-        if inc != incarnation or times is None:
-            times = deque(maxlen=ARRIVALS_KEPT)
-            self.arrivals[learner] = (incarnation, times)
-        times.append(now)
-
-    def predicted_arrival(self, learner: int) -> float | None:
-        entry = self.arrivals.get(learner)
-        return predict_arrival(entry[1]) if entry else None
-
-    def quorum_since(self, k: int) -> float | None:
-        """When pushes from k distinct learners had first become pending (None: not yet)."""
-        seen: set[int] = set()
-        for p in sorted(self.pending, key=lambda p: p.accepted_at):
-            seen.add(p.contribution.learner)
-            if len(seen) >= k:
-                return p.accepted_at
-        return None
-
-    def fresh_since(self) -> float | None:
-        """When the first push based on the current version arrived: the grace window's start."""
-        times = [p.accepted_at for p in self.pending if p.contribution.base_version >= self.version]
-        return min(times) if times else None
-
-    def oldest_since(self) -> float | None:
-        return min((p.accepted_at for p in self.pending), default=None)
-
-    def round_period(self) -> float | None:
-        """Median time between recent merges of this fragment."""
-        gaps = sorted(b - a for a, b in zip(self.merge_times, self.merge_times[1:]))
-        return gaps[len(gaps) // 2] if gaps else None
+    def waiting(self) -> list[Waiting]:
+        """The pending pushes as the merge rule sees them."""
+        return [Waiting(p.contribution.learner, p.contribution.base_version, p.accepted_at, p.final)
+                for p in self.pending]
 
     def known(self, ident: str) -> bool:
         return ident in self.applied_set or ident in self.merging or any(
@@ -195,6 +122,7 @@ class Syncer:
         self.train = train
         self.secret = secret
         self.outer = OuterConfig(cfg.outer_lr, cfg.outer_momentum)
+        self.rule = MergeRule(cfg.quorum, cfg.grace, cfg.grace_policy, cfg.final_wait)
         self.events = EventLog(run_dir, "syncer")
         self.defect = defects.active()
         self.store = StateDir(cfg.state_dir, storage)
@@ -812,7 +740,7 @@ class Syncer:
             if known and self.defect != "double_apply":
                 self.counters["duplicates"] += 1
                 status = Status.DUPLICATE
-            elif frag.version - base_version > self.cfg.max_staleness:
+            elif is_stale(frag.version, base_version, self.cfg.max_staleness):
                 self.counters["dropped_stale"] += 1
                 status = Status.STALE
             else:
@@ -838,7 +766,7 @@ class Syncer:
                 accepted["version"] = frag.version + (1 if frag.writing else 0)
                 accepted_at = time.monotonic()
                 frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at, final))
-                frag.note_arrival(learner, incarnation, accepted_at)
+                frag.arrivals.note(learner, incarnation, accepted_at)
                 m.position = max(m.position, position)
                 m.tokens += tokens
                 if step_tokens > 0:
@@ -972,79 +900,18 @@ class Syncer:
 
     # ----------------------------------------------------------------- merging
     def _effective_quorum(self) -> int:
-        alive = len(self.members.alive())
-        k = self.cfg.quorum if self.cfg.quorum > 0 else alive
-        return max(1, min(k, alive) if alive else 1)
+        return self.rule.effective_quorum(len(self.members.alive()))
 
     def _ready(self, frag: FragmentState, now: float) -> str | None:
         """Why this fragment should merge now, or None (see _decide)."""
         return self._decide(frag, now)[0]
 
     def _decide(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
-        """Why this fragment should merge now (or None), and what the grace window did.
-
-        Quorum: pushes from K distinct learners are pending. Grace: the first push based
-        on the current version has waited `grace` seconds. A push that is late for its
-        round (based on an older version) does not open a grace window of its own: it
-        waits to be merged with the next round's pushes, so a late learner falls back
-        into step with the others instead of settling into a merge of its own every
-        round. Only if no fresh push comes (its peers are gone) does it merge alone,
-        after max(5·grace, 1.5 rounds).
-
-        With --grace-policy adaptive, reaching quorum merges at once only if no live
-        learner that is still missing is predicted to arrive soon: otherwise the merge
-        waits until the latest predicted arrival, at most `grace` after quorum was met
-        (grace_window). Below quorum nothing changes: `grace` after the first fresh push.
-        """
-        policy = self.cfg.grace_policy
-        if not frag.pending:
-            return None, {}
-        if any(p.final for p in frag.pending):
-            return self._decide_final(frag, now)
-        reporters = {p.contribution.learner for p in frag.pending}
-        k = self._effective_quorum()
-        if len(reporters) >= k:
-            if policy != "adaptive":
-                return "quorum", {"policy": policy, "waited": 0.0, "why": f"{len(reporters)} of quorum {k} reported"}
-            opened = frag.quorum_since(k)
-            assert opened is not None
-            missing = sorted({m.learner for m in self.members.alive()} - reporters)
-            closes, why = grace_window(opened, self.cfg.grace, {j: frag.predicted_arrival(j) for j in missing})
-            if now < closes:
-                return None, {}
-            return ("grace" if closes > opened else "quorum"), {
-                "policy": policy, "waited": round(max(0.0, now - opened), 4), "window": round(closes - opened, 4),
-                "missing": missing, "why": why}
-        fresh = frag.fresh_since()
-        if fresh is not None and now - fresh >= self.cfg.grace:
-            return "grace", {"policy": policy, "waited": round(now - fresh, 4),
-                             "why": f"below quorum {k}: {self.cfg.grace:.2f} s after the first fresh push"}
-        oldest = frag.oldest_since()
-        period = frag.round_period() or 0.0
-        late_after = max(5 * self.cfg.grace, 1.5 * period)
-        if fresh is None and oldest is not None and now - oldest >= late_after:
-            return "late", {"policy": policy, "waited": round(now - oldest, 4),
-                            "why": f"only late pushes, no fresh one for {late_after:.2f} s"}
-        return None, {}
-
-    def _decide_final(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
-        """A learner's last push of this fragment is pending: the final round.
-
-        It merges once every live learner's last push is in (a learner that has said BYE is
-        no longer live), or --final-wait seconds after the first one came, so a learner that
-        died or lags far behind never holds the others' end back. Until then nothing of the
-        fragment merges: a regular push that arrives meanwhile joins its learner's share of
-        the round."""
-        finals = [p for p in frag.pending if p.final]
-        done = {p.contribution.learner for p in finals}
-        missing = sorted({m.learner for m in self.members.alive()} - done)
-        opened = min(p.accepted_at for p in finals)
-        info = {"policy": "final", "waited": round(now - opened, 4), "missing": missing}
-        if not missing:
-            return "final-round", {**info, "why": f"the last push of every live learner ({len(done)})"}
-        if now - opened >= self.cfg.final_wait:
-            return "final-timeout", {**info, "why": f"{self.cfg.final_wait:g} s after the first last push"}
-        return None, {}
+        """Why this fragment should merge now (or None), and what the grace window did:
+        the merge rule (merge_rule.MergeRule.decide) asked with this fragment's state."""
+        decision = self.rule.decide(frag.waiting(), frag.version, [m.learner for m in self.members.alive()], now,
+                                    frag.arrivals.predicted, round_period(frag.merge_times))
+        return decision.reason, decision.info
 
     def _merge_loop(self) -> None:
         if self.sync is not None:
@@ -1243,7 +1110,7 @@ class Syncer:
         frag.version = version
         frag.tokens = tokens
         frag.rounds = rounds
-        frag.merge_times = (frag.merge_times + [time.monotonic()])[-9:]
+        frag.merge_times = (frag.merge_times + [time.monotonic()])[-MERGE_TIMES_KEPT:]
         frag.applied = applied
         if self.served is not None:
             self.served[frag.spec.index].advance(params, version)

@@ -30,7 +30,7 @@ UP_GAP = 1.0  # steps further apart than this are a learner down, not a slow ste
 DECOUPLED_ROWS = ("decoupled", "chaos")  # bench/goodput.py, bench/goodput_scale.py
 # trainer_args flags that set a RunInputs field (defaults: trainer/config.py, as RunInputs).
 TRAINER_FLAGS = {"--sync-every": ("sync_every", int), "--fragments": ("fragments", int),
-                 "--quorum": ("quorum", int), "--grace": ("grace", float),
+                 "--quorum": ("quorum", int), "--grace": ("grace", float), "--grace-policy": ("grace_policy", str),
                  "--max-staleness": ("max_staleness", int),
                  "--heartbeat-interval": ("heartbeat_interval", float),
                  "--heartbeat-timeout": ("heartbeat_timeout", float)}

@@ -15,9 +15,9 @@ learner (trainer/learner.py, fragments.py)
     order it trains again after a --recovery-decoupled draw, with the current state;
   * a pause freezes it (and its network thread);
 syncer (trainer/syncer.py)
-  * drops a push whose base version is more than --max-staleness merges old;
-  * merges fragment f once min(K, live) learners have pushed on it, else --grace after the
-    first fresh push, else (only late pushes) after max(5 grace, 1.5 H steps);
+  * drops a push whose base version is more than --max-staleness merges old, and merges by
+    the syncer's own rule, trainer/merge_rule.py (quorum min(K, live), the grace window in
+    either policy, lone late pushes): the simulator asks it, it keeps no copy of it;
   * counts a learner dead --detection after a kill, or --heartbeat-timeout after its last
     frame when a pause or partition silences it; back when it is heard again;
 links (links.py): partitions hold messages until they heal, latency delays them.
@@ -33,6 +33,8 @@ from itertools import count
 
 from faults import Schedule
 from faults.kinds import parse_target
+
+from trainer.merge_rule import MERGE_TIMES_KEPT, Arrivals, MergeRule, Waiting, is_stale, round_period
 
 from .dists import Dist, Fixed, LogNormal
 from .links import DOWN, UP, Link
@@ -53,6 +55,7 @@ class RunInputs:
     fragments: int = 1
     quorum: int = 0
     grace: float = 0.5
+    grace_policy: str = "fixed"
     max_staleness: int = 4
     heartbeat_interval: float = 0.2
     heartbeat_timeout: float = 1.0
@@ -121,6 +124,10 @@ class ScheduleSim:
         self.waiting_since: list[float | None] = [None] * inp.learners
         self.merged = 0.0
         self.merge_times: list[float] = []
+        self.rule = MergeRule(inp.quorum, inp.grace, inp.grace_policy)
+        self.recent_merges: list[list[float]] = [[] for _ in range(inp.fragments)]
+        self.arrivals = [Arrivals() for _ in range(inp.fragments)]
+        self.checks: list[float | None] = [None] * inp.fragments
         self.result = SystemResult(seconds=inp.duration, capacity=0.0)
         self.quorum_wait = 0.0
         self.stale_count = 0
@@ -290,17 +297,20 @@ class ScheduleSim:
         lr = self.learners[push.learner]
         if push.stuck and push in lr.stuck:
             lr.stuck.remove(push)
-        if self.version[f] - push.base > self.inp.max_staleness:
+        if is_stale(self.version[f], push.base, self.inp.max_staleness):
             self.stale_count += 1
             self._lose("stale_pushes", t, push.work / self.inp.fragments)
             reply = self.links[push.learner].deliver(t, DOWN)
             self._push_event(self._notify(push.learner, reply), "adopt", (push.learner, f, push.incarnation))
             return
         self.pending[f].append(push)
+        self.arrivals[f].note(push.learner, push.incarnation, t)
         self._try_merge(t, f)
 
     def _on_check(self, t: float, f: int) -> None:
-        self._try_merge(t, f)
+        if self.checks[f] == t:
+            self.checks[f] = None
+            self._try_merge(t, f)
 
     def _on_dead(self, t: float, j: int, incarnation: int) -> None:
         if self.learners[j].incarnation == incarnation:
@@ -324,32 +334,28 @@ class ScheduleSim:
                 self._try_merge(t, f)
 
     def _try_merge(self, t: float, f: int) -> None:
-        """trainer/syncer.py _decide, with the fixed grace policy."""
+        """Merge fragment f if the syncer's merge rule says so, else check again when it says."""
         pending = self.pending[f]
         if not pending:
             return
-        live = sum(self.live)
-        k = self.inp.quorum if self.inp.quorum > 0 else live
-        quorum = max(1, min(k, live) if live else 1)
-        if len({p.learner for p in pending}) >= quorum:
+        alive = [j for j, live in enumerate(self.live) if live]
+        waiting = [Waiting(p.learner, p.base, p.arrived) for p in pending]
+        decision = self.rule.decide(waiting, self.version[f], alive, t, self.arrivals[f].predicted,
+                                    round_period(self.recent_merges[f]))
+        if decision.reason is not None:
+            if decision.reason != "quorum":
+                self.quorum_wait += t - min(p.arrived for p in pending)
             self._merge(t, f)
-            return
-        fresh = [p.arrived for p in pending if p.base == self.version[f]]
-        if fresh:
-            due = min(fresh) + self.inp.grace
-        else:
-            late = max(5 * self.inp.grace, 1.5 * self.inp.sync_every * self.inp.step_time)
-            due = min(p.arrived for p in pending) + late
-        if t >= due:
-            self.quorum_wait += t - min(p.arrived for p in pending)
-            self._merge(t, f)
-        else:
-            self._push_event(due, "check", (f,))
+        elif decision.recheck_at is not None and self.checks[f] != decision.recheck_at:
+            self.checks[f] = decision.recheck_at
+            self._push_event(decision.recheck_at, "check", (f,))
 
     def _merge(self, t: float, f: int) -> None:
         self.version[f] += 1
         self.merged += sum(p.work for p in self.pending[f]) / self.inp.fragments
         self.merge_times.append(t)
+        self.recent_merges[f] = (self.recent_merges[f] + [t])[-MERGE_TIMES_KEPT:]
+        self.checks[f] = None
         for p in self.pending[f]:
             self._push_event(self._notify(p.learner, t), "adopt", (p.learner, f, p.incarnation))
         self.pending[f] = []

@@ -445,8 +445,8 @@ def _history(s: Syncer, learner: int, predicted_in: float) -> float:
     """Give `learner` two past pushes one second apart, so it is predicted `predicted_in` s from now."""
     now = time.monotonic()
     with s.cond:
-        s.frags[0].note_arrival(learner, 1, now + predicted_in - 2.0)
-        s.frags[0].note_arrival(learner, 1, now + predicted_in - 1.0)
+        s.frags[0].arrivals.note(learner, 1, now + predicted_in - 2.0)
+        s.frags[0].arrivals.note(learner, 1, now + predicted_in - 1.0)
     return now
 
 
