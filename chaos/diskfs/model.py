@@ -235,19 +235,18 @@ class Model:
             if existing.is_dir:
                 raise fs_error(errno.EISDIR, path)
             return existing.ino
-        _check_name(name, parent.ino)
-        node = self._new(False, mode, self.uid if uid is None else uid, self.gid if gid is None else gid)
-        node.vlinks = 1
-        parent.entries[name] = node.ino
-        self._touch(parent)
-        return node.ino
+        return self._link_new(parent, name, False, mode, uid, gid)
 
     def mkdir(self, path: str, mode: int = 0o755, uid: int | None = None, gid: int | None = None) -> int:
         parent, name = self._parent(path)
         if name in parent.entries:
             raise fs_error(errno.EEXIST, path)
+        return self._link_new(parent, name, True, mode, uid, gid)
+
+    def _link_new(self, parent, name: str, is_dir: bool, mode: int, uid: int | None, gid: int | None) -> int:
+        """A new inode named `name` in `parent` (a volatile change until the directory is synced)."""
         _check_name(name, parent.ino)
-        node = self._new(True, mode, self.uid if uid is None else uid, self.gid if gid is None else gid)
+        node = self._new(is_dir, mode, self.uid if uid is None else uid, self.gid if gid is None else gid)
         node.vlinks = 1
         parent.entries[name] = node.ino
         self._touch(parent)
