@@ -892,19 +892,19 @@ class Syncer:
         while self._running:
             time.sleep(interval)
             with self.cond:
-                for m, silent in self.members.expire(time.monotonic(), self.train.heartbeat_timeout):
-                    self.counters["heartbeats_lost"] += 1
-                    self.events.emit("heartbeat_lost", learner=m.learner, incarnation=m.incarnation,
-                                     silent_for=round(silent, 3))
-                    self.cond.notify_all()
+                self.expire_leases(time.monotonic())
+
+    def expire_leases(self, now: float) -> None:
+        """Under the lock: every learner silent past its lease is no longer alive."""
+        for m, silent in self.members.expire(now, self.train.heartbeat_timeout):
+            self.counters["heartbeats_lost"] += 1
+            self.events.emit("heartbeat_lost", learner=m.learner, incarnation=m.incarnation,
+                             silent_for=round(silent, 3))
+            self.cond.notify_all()
 
     # ----------------------------------------------------------------- merging
     def _effective_quorum(self) -> int:
         return self.rule.effective_quorum(len(self.members.alive()))
-
-    def _ready(self, frag: FragmentState, now: float) -> str | None:
-        """Why this fragment should merge now, or None (see _decide)."""
-        return self._decide(frag, now)[0]
 
     def _decide(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
         """Why this fragment should merge now (or None), and what the grace window did:
@@ -919,20 +919,28 @@ class Syncer:
         while self._running:
             with self.cond:
                 self.cond.wait(0.05)
-                now = time.monotonic()
-                for frag in self.frags:
-                    why, grace = self._decide(frag, now)
-                    if why and self._running:
-                        try:
-                            self._merge(frag, reason=why, grace=grace, final=why.startswith("final"))
-                        except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
-                            self.counters["merge_errors"] += 1
-                            self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
-                                             error=describe_error(exc) if isinstance(exc, OSError)
-                                             else f"{type(exc).__name__}: {exc}")
-                            if isinstance(exc, OSError):
-                                self._storage_error(exc, f"fragment-{frag.spec.index}")
-                            self.cond.wait(0.5)
+                if not self.merge_due(time.monotonic()):
+                    self.cond.wait(0.5)
+
+    def merge_due(self, now: float) -> bool:
+        """Under the lock: merge every fragment the merge rule says is due now. False if a
+        merge failed: its pushes stay pending, and the next call tries again."""
+        ok = True
+        for frag in self.frags:
+            why, grace = self._decide(frag, now)
+            if not why or not self._running:
+                continue
+            try:
+                self._merge(frag, reason=why, grace=grace, final=why.startswith("final"))
+            except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
+                ok = False
+                self.counters["merge_errors"] += 1
+                self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
+                                 error=describe_error(exc) if isinstance(exc, OSError)
+                                 else f"{type(exc).__name__}: {exc}")
+                if isinstance(exc, OSError):
+                    self._storage_error(exc, f"fragment-{frag.spec.index}")
+        return ok
 
     def _momentum_now(self, rounds: float) -> float:
         """The outer momentum after `rounds` merged rounds: ramped up over --momentum-warmup."""
