@@ -154,6 +154,11 @@ class Learner:
         # it (None until its answer came). A due push waits while --push-window of them are
         # out, so every push is measured from a global version its learner adopted.
         self.awaiting: list[dict[int, int | None]] = []
+        # Per fragment, (the version this learner held, the syncer's) once the syncer reported
+        # a version below it: the syncer lost merges (state restored from an older write, a
+        # durability bug). The syncer is the truth: the learner adopts what it serves next,
+        # older or not, instead of pushing from a base the syncer no longer has, forever refused.
+        self.rollbacks: dict[int, tuple[int, int]] = {}
         self.fatal: Exception | None = None
         self._versions_lock = threading.Lock()
         self.position = 0  # batches this learner's shard has given, across incarnations
@@ -431,7 +436,8 @@ class Learner:
                 return False
             item = self.inbox.take(f)
             self.targets[f] = None
-        if item is None or item[0] <= self.adopted_versions[f]:
+            rollback = self.rollbacks.pop(f, None) if item is not None else None
+        if item is None or (item[0] <= self.adopted_versions[f] and rollback is None):
             return False
         version, tensors = item
         tensors = {n: t.to(self.device) for n, t in tensors.items()}
@@ -470,6 +476,7 @@ class Learner:
         norm = _norm(tensors, names)
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
                          incarnation=self.incarnation, discarded_tokens=discarded,
+                         **({"rollback_from": rollback[0]} if rollback is not None else {}),
                          drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
                          expected_drift=round(expected / norm, 7) if norm else 0.0)
         return True
@@ -558,12 +565,28 @@ class Learner:
         if versions:
             with self._versions_lock:
                 self.syncer_versions = list(versions)
+                for f, (theirs, ours) in enumerate(zip(versions, self.adopted_versions)):
+                    held = max(ours, self.inbox.version(f))
+                    if theirs < held and f not in self.rollbacks:
+                        self._note_rollback(f, held, theirs)
+
+    def _note_rollback(self, f: int, held: int, theirs: int) -> None:
+        """Under _versions_lock: the syncer went back from a version this learner held. Its
+        pushes from the lost versions will be refused (their base is ahead of the syncer);
+        the awaited versions will never come. Await the syncer's version and adopt it."""
+        self.rollbacks[f] = (held, theirs)
+        self.inbox.take(f)
+        self.targets[f] = theirs
+        self.awaiting[f] = {}
+        self.events.emit("syncer_rollback", fragment=f, held=held, syncer_version=theirs,
+                         incarnation=self.incarnation)
 
     def _pull_new_versions(self) -> None:
         with self._versions_lock:
             wanted = [f for f, v in enumerate(self.syncer_versions)
                       if self.targets[f] is not None and v >= self.targets[f]
-                      and v > max(self.adopted_versions[f], self.inbox.version(f))]
+                      and (v > max(self.adopted_versions[f], self.inbox.version(f))
+                           or (f in self.rollbacks and self.inbox.version(f) < 0))]
         for f in wanted:
             request = {"fragment": f}
             held = self._held(f) if self.cfg.pull_encoding in DELTA_ENCODINGS else None

@@ -23,6 +23,7 @@ import pytest
 
 from chaos.runner import run_schedule
 from faults import Schedule
+from trainer.events import read_events
 
 pytestmark = pytest.mark.integration
 pytest_plugins = ["pytester"]
@@ -83,3 +84,28 @@ def test_a_learner_that_never_adopts_fails_converged(tmp_path: Path) -> None:
     converged = next(v for v in result.verdicts if v.name == "converged")
     assert converged.status == "fail", converged.detail
     assert converged.evidence["missed_adoptions"], converged.evidence
+
+
+def test_learners_follow_a_syncer_that_lost_acknowledged_merges(tmp_path: Path) -> None:
+    """ack_before_durable killed before its first batched fsync comes back at an older
+    version than the learners hold. The checks that must see it do (no_lost_acks,
+    monotonic_versions), and the learners, whose pushes from the lost versions the syncer
+    refuses, adopt the syncer's version and train on: without that, every push was refused
+    for the rest of the run and progress, self_heal and rejoined failed too."""
+    schedule = tmp_path / "kill.yaml"
+    schedule.write_text("seed: 5\nlearners: 2\nfaults:\n- {kind: kill, at: 3, duration: 2, target: syncer}\n")
+    result = run_schedule(Schedule.load(schedule), tmp_path / "run", learners=2, trainer_args=FAST,
+                          duration=16.0, reference="off", env={"ISLANDS_SYNCER_DEFECT": "ack_before_durable"})
+    checks = {v.name: v for v in result.verdicts}
+    assert checks["no_lost_acks"].status == "fail", checks["no_lost_acks"].detail
+    assert checks["monotonic_versions"].status == "fail", checks["monotonic_versions"].detail
+    for name in ("progress", "self_heal", "rejoined"):
+        assert checks[name].status == "pass", f"{name}: {checks[name].detail}"
+    everything = read_events(tmp_path / "run")
+    for learner in (1, 2):
+        events = [e for e in everything if e["process"] == f"learner-{learner}"]
+        rollbacks = [e for e in events if e["kind"] == "syncer_rollback"]
+        assert rollbacks, f"learner-{learner} never saw the syncer go back"
+        followed = [e for e in events if e["kind"] == "apply" and "rollback_from" in e]
+        assert followed and followed[0]["version"] < followed[0]["rollback_from"], \
+            f"learner-{learner} did not adopt the syncer's older version: {followed[:1]}"
