@@ -34,6 +34,8 @@ KINDS = {
     "push_dropped": "the syncer dropped a push (reason: stale)",
     "merge": "the syncer applied an outer step (fragment, version, contributors, tokens, staleness)",
     "apply": "a learner adopted a global fragment (fragment, version, alpha, discarded_tokens: unpushed work it overwrote)",
+    "syncer_rollback": "a learner saw the syncer report a version below the one it held (fragment, held, "
+                       "syncer_version): it adopts the syncer's version next",
     "join": "a learner incarnation joined (learner, incarnation, rejoin)",
     "leave": "a learner's connection closed",
     "heartbeat_lost": "a learner's lease expired and it was marked dead",
