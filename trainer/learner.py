@@ -3,7 +3,7 @@
 Decoupled mode: every H steps (staggered per fragment) the learner computes
 Δ_f = θ_ref_f − θ_local_f, the progress made since it last pushed or adopted fragment f,
 queues it and moves on. A background thread sends pushes, heartbeats, and pulls new
-global fragments into an inbox; the inner loop applies them at a step boundary, mixing
+global fragments (adoption.py's VersionBook holds them); the inner loop applies them at a step boundary, mixing
 θ_f ← α·θ_f + (1−α)·Θ_f. The inner loop never touches the network.
 
 One push of a fragment in flight (--push-window 1, the default): when fragment f falls due
@@ -36,6 +36,7 @@ import torch
 from tenacity import wait_exponential_jitter
 
 from . import defects, wire
+from .adoption import VersionBook
 from .codec import decode, encode
 from .served import DELTA_ENCODINGS, apply_steps
 from .config import TrainConfig
@@ -95,37 +96,6 @@ class LearnerOptions:
         return self.rank == 0
 
 
-class Inbox:
-    """Newest global version of each fragment, handed from the network thread to the loop."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: dict[int, tuple[int, dict[str, torch.Tensor]]] = {}
-
-    def put(self, fragment: int, version: int, tensors: dict[str, torch.Tensor]) -> None:
-        with self._lock:
-            current = self._items.get(fragment)
-            if current is None or current[0] < version:
-                self._items[fragment] = (version, tensors)
-
-    def peek(self, fragment: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        with self._lock:
-            return self._items.get(fragment)
-
-    def take(self, fragment: int) -> tuple[int, dict[str, torch.Tensor]] | None:
-        with self._lock:
-            return self._items.pop(fragment, None)
-
-    def version(self, fragment: int) -> int:
-        with self._lock:
-            item = self._items.get(fragment)
-            return item[0] if item else -1
-
-    def fragments(self) -> list[int]:
-        with self._lock:
-            return list(self._items)
-
-
 class Learner:
     def __init__(self, opts: LearnerOptions, secret: bytes, mode: str) -> None:
         self.opts = opts
@@ -143,22 +113,9 @@ class Learner:
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
         self._refusals_in_a_row = 0  # "not now" refusals (storage) since the last answered push
         self._retry_at = 0.0         # the head push is not sent before this (monotonic; _back_off)
-        self.inbox = Inbox()
-        self.syncer_versions: list[int] = []
-        self.adopted_versions: list[int] = []
-        # Per fragment, the global version that will contain this learner's last push: the
-        # learner adopts that version (or a newer one), and only that, as DiLoCo would after
-        # its own exchange. Adopting a merge made without its push would discard its work.
-        self.targets: list[int | None] = []
-        # Per fragment, the pushes sent and not yet adopted: seq -> the version that releases
-        # it (None until its answer came). A due push waits while --push-window of them are
-        # out, so every push is measured from a global version its learner adopted.
-        self.awaiting: list[dict[int, int | None]] = []
-        # Per fragment, (the version this learner held, the syncer's) once the syncer reported
-        # a version below it: the syncer lost merges (state restored from an older write, a
-        # durability bug). The syncer is the truth: the learner adopts what it serves next,
-        # older or not, instead of pushing from a base the syncer no longer has, forever refused.
-        self.rollbacks: dict[int, tuple[int, int]] = {}
+        # Which versions to pull and adopt, when a push may go (adoption.py): the network
+        # thread and the inner loop share it under _versions_lock.
+        self.book = VersionBook.starting_at([])
         self.fatal: Exception | None = None
         self._versions_lock = threading.Lock()
         self.position = 0  # batches this learner's shard has given, across incarnations
@@ -221,10 +178,7 @@ class Learner:
                 with torch.no_grad():
                     for name, p in self.params.items():
                         p.copy_(tensors[name])
-            self.syncer_versions = list(h["versions"])
-            self.adopted_versions = list(h["versions"])
-            self.targets = [None] * len(self.fragment_names)
-            self.awaiting = [{} for _ in self.fragment_names]
+            self.book = VersionBook.starting_at(list(h["versions"]))
         self.net = self.group.wrap(self.model)  # DDP makes every rank start from rank 0's values
         if self.mode != "sync":
             trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -243,7 +197,7 @@ class Learner:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
         self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode, defect=self.defect,
-                         versions=self.adopted_versions, task=self.cfg.task, corpus=self.facts.get("data"),
+                         versions=self.book.adopted, task=self.cfg.task, corpus=self.facts.get("data"),
                          loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
                          loss_unit=self.facts.get("loss_unit"),
                          **fields)
@@ -337,7 +291,7 @@ class Learner:
                 delta = {n: refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
                 refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
             delta = {n: d.cpu() for n, d in delta.items()}  # encoded on the host
-            self.queue.put(OutgoingPush(f, seq, self.adopted_versions[f], tokens_since[f], steps_since[f],
+            self.queue.put(OutgoingPush(f, seq, self.book.adopted[f], tokens_since[f], steps_since[f],
                                         self.position, delta, created_step=step, residual=residual,
                                         final=final))
             tokens_since[f] = steps_since[f] = 0
@@ -347,8 +301,10 @@ class Learner:
         while True:
             stopping = (self.stop.is_set() or self.fatal is not None
                         or (self.opts.max_steps is not None and step >= self.opts.max_steps))
+            with self._versions_lock:
+                pulled = list(self.book.pulled)
             adopted = [] if stopping else [
-                f for f in self.inbox.fragments()
+                f for f in pulled
                 if step >= last_push_step[f] + cfg.overlap and self._adopt(f, refs, tokens_since, steps_since)]
             for f in adopted:
                 clock.synced(f, step)
@@ -372,8 +328,7 @@ class Learner:
             last_step = self.opts.max_steps is not None and step >= self.opts.max_steps
             for f in ([] if last_step and cfg.final_round else clock.due(step)):  # the final round pushes all
                 with self._versions_lock:  # against _send_push marking a push of f as sent
-                    self._release_answered(f)
-                    if len(self.awaiting[f]) < cfg.push_window:
+                    if self.book.may_push(f, cfg.push_window):
                         push(f)
             self.pacer.after_step(compute_s, self.stop)
         if self.fatal:
@@ -431,15 +386,10 @@ class Learner:
     def _adopt(self, f: int, refs: dict, tokens_since: list[int], steps_since: list[int]) -> bool:
         """Adopt the awaited global version of fragment f if it has arrived."""
         with self._versions_lock:
-            target = self.targets[f]
-            if target is None or self.inbox.version(f) < target:
-                return False
-            item = self.inbox.take(f)
-            self.targets[f] = None
-            rollback = self.rollbacks.pop(f, None) if item is not None else None
-        if item is None or (item[0] <= self.adopted_versions[f] and rollback is None):
+            adoption = self.book.take(f)
+        if adoption is None:
             return False
-        version, tensors = item
+        version, tensors, rollback_from = adoption
         tensors = {n: t.to(self.device) for n, t in tensors.items()}
         alpha = self.cfg.alpha
         names = self.fragment_names[f]
@@ -467,8 +417,7 @@ class Learner:
             tokens_since[f] = int(alpha * tokens_since[f])
             steps_since[f] = int(alpha * steps_since[f]) if alpha else 0
         with self._versions_lock:
-            self.adopted_versions[f] = version
-            self._release_answered(f)
+            self.book.adopt(f, version)
             self.globals[f] = tensors  # with the version: a delta pull reads both together
         # Measured on the parameters as they now are: an adoption that did not reach the
         # model (a copy into a detached tensor, a skipped update) shows here, and the
@@ -476,7 +425,7 @@ class Learner:
         norm = _norm(tensors, names)
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
                          incarnation=self.incarnation, discarded_tokens=discarded,
-                         **({"rollback_from": rollback[0]} if rollback is not None else {}),
+                         **({"rollback_from": rollback_from} if rollback_from is not None else {}),
                          drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
                          expected_drift=round(expected / norm, 7) if norm else 0.0)
         return True
@@ -488,7 +437,7 @@ class Learner:
             for f, names in enumerate(self.fragment_names):
                 diff = sum(float((self.params[n] - self.globals[f][n]).pow(2).sum()) for n in names) ** 0.5
                 norm = sum(float(self.globals[f][n].pow(2).sum()) for n in names) ** 0.5
-                rows.append({"fragment": f, "version": self.adopted_versions[f],
+                rows.append({"fragment": f, "version": self.book.adopted[f],
                              "drift": diff / norm if norm > 0 else diff, "diff": diff, "norm": norm})
         self.events.emit("final_params", fragments=rows, incarnation=self.incarnation,
                          digest=param_digest(self.params))
@@ -555,38 +504,19 @@ class Learner:
         return int(min(MAX_POLL_MS, max(POLL_FLOOR_MS, seconds * 1000)))
 
     def _awaited(self) -> list[int] | None:
-        """The syncer's versions as this learner knows them, when it awaits the merge of a
-        push it sent (the version that will hold it is not known to be out yet); else None."""
         with self._versions_lock:
-            waiting = any(t is not None and v < t for t, v in zip(self.targets, self.syncer_versions))
-            return list(self.syncer_versions) if waiting else None
+            return self.book.awaited()
 
     def _note_versions(self, versions: list[int] | None) -> None:
-        if versions:
-            with self._versions_lock:
-                self.syncer_versions = list(versions)
-                for f, (theirs, ours) in enumerate(zip(versions, self.adopted_versions)):
-                    held = max(ours, self.inbox.version(f))
-                    if theirs < held and f not in self.rollbacks:
-                        self._note_rollback(f, held, theirs)
-
-    def _note_rollback(self, f: int, held: int, theirs: int) -> None:
-        """Under _versions_lock: the syncer went back from a version this learner held. Its
-        pushes from the lost versions will be refused (their base is ahead of the syncer);
-        the awaited versions will never come. Await the syncer's version and adopt it."""
-        self.rollbacks[f] = (held, theirs)
-        self.inbox.take(f)
-        self.targets[f] = theirs
-        self.awaiting[f] = {}
-        self.events.emit("syncer_rollback", fragment=f, held=held, syncer_version=theirs,
-                         incarnation=self.incarnation)
+        with self._versions_lock:
+            rollbacks = self.book.note_versions(versions)
+        for r in rollbacks:
+            self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
+                             incarnation=self.incarnation)
 
     def _pull_new_versions(self) -> None:
         with self._versions_lock:
-            wanted = [f for f, v in enumerate(self.syncer_versions)
-                      if self.targets[f] is not None and v >= self.targets[f]
-                      and (v > max(self.adopted_versions[f], self.inbox.version(f))
-                           or (f in self.rollbacks and self.inbox.version(f) < 0))]
+            wanted = self.book.pulls_wanted()
         for f in wanted:
             request = {"fragment": f}
             held = self._held(f) if self.cfg.pull_encoding in DELTA_ENCODINGS else None
@@ -606,7 +536,8 @@ class Learner:
                     tensors = decode(reply.tensors(), encoding, shapes)
             except ValueError as exc:  # never adopt a fragment that does not match what it claims
                 raise FrameFault(Reason.BAD_TENSOR, f"fragment {f} v{version}: {exc}") from exc
-            self.inbox.put(f, version, tensors)
+            with self._versions_lock:
+                self.book.put_pulled(f, version, tensors)
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes, encoding=encoding,
                              **({"from": int(reply.header["from"])} if "from" in reply.header else {}))
 
@@ -614,20 +545,11 @@ class Learner:
         """The newest served version of fragment f this learner holds exactly (pulled, or
         adopted), to pull only the steps after it."""
         with self._versions_lock:
-            pulled = self.inbox.peek(f)
-            if pulled is not None:
-                return pulled
-            return self.adopted_versions[f], self.globals[f]
-
-    def _release_answered(self, f: int) -> None:
-        """Under _versions_lock: forget the pushes of f whose version was adopted (or was
-        older than what is adopted: a duplicate, a stale or refused push)."""
-        adopted = self.adopted_versions[f]
-        self.awaiting[f] = {seq: v for seq, v in self.awaiting[f].items() if v is None or v > adopted}
+            return self.book.pulled.get(f) or (self.book.adopted[f], self.globals[f])
 
     def _send_push(self, item: OutgoingPush) -> None:
         with self._versions_lock:  # sent from now on: the loop's next push of f waits for its adoption
-            self.awaiting[item.fragment].setdefault(item.seq, None)
+            self.book.sent(item.fragment, item.seq)
         self.queue.claim(item)  # before encoding: a push queued meanwhile must not merge into it
         if item.message is None:
             header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
@@ -654,9 +576,7 @@ class Learner:
 
     def _await_version(self, fragment: int, version: int, seq: int) -> None:
         with self._versions_lock:
-            current = self.targets[fragment]
-            self.targets[fragment] = version if current is None else max(current, version)
-            self.awaiting[fragment][seq] = version
+            self.book.answered(fragment, seq, version)
 
     def _back_off(self, exc: Refusal) -> None:
         """Defer the next send after a "not now" refusal: exponential with jitter (tenacity's
@@ -675,7 +595,8 @@ class Learner:
         item = self.queue.peek()
         if item is not None and item.claimed:
             self.queue.pop(item)
-            self._await_version(item.fragment, self.syncer_versions[item.fragment], item.seq)
+            with self._versions_lock:
+                self.book.refused(item.fragment, item.seq)
             self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
                              reason=exc.reason, detail=exc.detail, wire_bytes=item.message.wire_size,
                              tokens=item.tokens, steps=item.steps,

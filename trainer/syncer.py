@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 from collections import Counter
+from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,7 +118,11 @@ class FragmentState:
 
 class Syncer:
     def __init__(self, cfg: SyncerConfig, train: TrainConfig, secret: bytes,
-                 run_dir: str | None = None, storage: Storage = FILES) -> None:
+                 run_dir: str | None = None, storage: Storage = FILES,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        # Every reading of elapsed time (leases, grace, rate bounds, deadlines) comes from
+        # here: a simulator hands in its virtual clock (issue 28).
+        self.monotonic = monotonic
         self.cfg = cfg
         self.train = train
         self.secret = secret
@@ -147,7 +152,7 @@ class Syncer:
         self.step_tokens: dict[int, float] = {}  # learner → tokens per inner step of its pushes
         self.shapes = {n: p.shape for n, p in model.named_parameters()}
         self.specs = partition(self.shapes, train.fragments, train.fragment_layout)
-        self._last_flush = time.monotonic()  # the ack_before_durable defect's batch starts now
+        self._last_flush = self.monotonic()  # the ack_before_durable defect's batch starts now
         self.fragment_of = {n: s.index for s in self.specs for n in s.names}
         self.frags: list[FragmentState] = []
         self._seeded_digest: str | None = None
@@ -193,7 +198,7 @@ class Syncer:
                     f"({meta.get('fingerprint')}); use a fresh --state-dir")
             # Each incarnation's age goes on from where it was written, plus the time this
             # syncer was down by the boot clock (0 after a reboot or on another machine).
-            self.members.restore(meta.get("members", {}), time.monotonic(), downtime_since(meta.get("clock")))
+            self.members.restore(meta.get("members", {}), self.monotonic(), downtime_since(meta.get("clock")))
             self.counters.update(meta.get("counters", {}))
         initial = {n: p.detach().clone() for n, p in model.named_parameters()}
         if self.train.mode == "sync":
@@ -202,7 +207,7 @@ class Syncer:
                              members=self.members.persistent(), removed_temporaries=removed)
         else:
             self._recover_fragments(initial)
-            presumed = self.members.presume_alive(time.monotonic())
+            presumed = self.members.presume_alive(self.monotonic())
             self.events.emit("state_loaded", mode="decoupled", presumed_alive=presumed,
                              versions=[f.version for f in self.frags],
                              accum_counts=[f.accum_count for f in self.frags],
@@ -249,7 +254,7 @@ class Syncer:
         delta = decode(parts, str(meta["encoding"]), {n: self.shapes[n] for n in spec.names})
         c = Contribution(int(meta["learner"]), int(meta["incarnation"]), int(meta["seq"]),
                          int(meta["tokens"]), int(meta["base_version"]), delta, int(meta["steps"]))
-        return PendingPush(c, int(meta["steps"]), meta["encoding"], path, time.monotonic(),
+        return PendingPush(c, int(meta["steps"]), meta["encoding"], path, self.monotonic(),
                            final=bool(wire.header_int(meta, "final", 0, 1)) if "final" in meta else False)
 
     def _make_evaluator(self) -> GlobalEvaluator | None:
@@ -274,7 +279,7 @@ class Syncer:
 
     def _meta_document(self) -> dict:
         """meta.json's content (under the lock): members and counters."""
-        return {"fingerprint": self._fingerprint(), "members": self.members.persistent(time.monotonic()),
+        return {"fingerprint": self._fingerprint(), "members": self.members.persistent(self.monotonic()),
                 "counters": dict(self.counters), "clock": boot_stamp()}
 
     def _meta_written(self, nbytes: int, files: int, document: dict) -> None:
@@ -470,7 +475,7 @@ class Syncer:
         channel: wire.Channel | None = None
         reason = "closed"
         try:
-            deadline = time.monotonic() + self.cfg.handshake_timeout
+            deadline = self.monotonic() + self.cfg.handshake_timeout
             try:
                 channel = wire.Channel(sock, wire.server_handshake(sock, self.secret, deadline))
             except wire.DeadlineExceeded as exc:
@@ -488,16 +493,16 @@ class Syncer:
                     if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
                         reason = f"refused: {exc.reason}"
                         break
-                    frame = channel.recv(time.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
+                    frame = channel.recv(self.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
                     continue
                 if reply is None:  # superseded by a newer connection of the same learner
                     reason = "superseded"
                     break
-                self.counters["bytes_out"] += channel.send(reply, time.monotonic() + REPLY_DEADLINE)
+                self.counters["bytes_out"] += channel.send(reply, self.monotonic() + REPLY_DEADLINE)
                 if frame.type == FrameType.BYE:
                     reason = "bye"
                     break
-                frame = channel.recv(time.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
+                frame = channel.recv(self.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
         except wire.PeerClosed:
             reason = "peer closed"
         except ProtocolError as exc:
@@ -532,7 +537,7 @@ class Syncer:
             return
         try:
             sent = channel.send(wire.message(FrameType.ERROR, {"reason": str(exc.reason), "detail": exc.detail[:1000]}),
-                                time.monotonic() + 1.0)
+                                self.monotonic() + 1.0)
             self.counters["bytes_out"] += sent
         except (OSError, wire.DeadlineExceeded):
             pass
@@ -553,7 +558,7 @@ class Syncer:
             m = self.members.current(learner, conn_id)
             if m is None:
                 return None, learner
-            if self.members.touch(m, time.monotonic()):
+            if self.members.touch(m, self.monotonic()):
                 self.events.emit("join", learner=learner, incarnation=m.incarnation, rejoin=False,
                                  reason="lease renewed")
         handlers = {wire.HEARTBEAT: self._on_heartbeat, wire.PUSH: self._on_push,
@@ -584,7 +589,7 @@ class Syncer:
         want_params = bool(h.get("want_params", True))
         seeded = h.get("seeded", False) is True
         with self.cond:
-            joined = self.members.join(learner, nonce, conn_id, time.monotonic())
+            joined = self.members.join(learner, nonce, conn_id, self.monotonic())
         # A new incarnation's number is never reused, even after a crash: it is durable before
         # it is welcomed. A reconnect changes nothing durable (no fsync per reconnect), unless
         # the write of its incarnation failed and it was never welcomed.
@@ -637,16 +642,16 @@ class Syncer:
         with self.cond:
             if wait_ms:
                 m = self.members.members.get(learner)
-                deadline = time.monotonic() + wait_ms / 1000
+                deadline = self.monotonic() + wait_ms / 1000
                 if m is not None:
                     m.busy = True  # the request holds its lease while it waits
                 try:
-                    while self._running and time.monotonic() < deadline and \
+                    while self._running and self.monotonic() < deadline and \
                             not any(v > k for v, k in zip(self._versions(), known)):
-                        self.cond.wait(max(0.0, deadline - time.monotonic()))
+                        self.cond.wait(max(0.0, deadline - self.monotonic()))
                 finally:
                     if m is not None:
-                        m.busy, m.last_seen = False, time.monotonic()
+                        m.busy, m.last_seen = False, self.monotonic()
             header = {"versions": self._versions(), "alive": len(self.members.alive())}
             if self.sync is not None:
                 header["round"] = self.sync.round
@@ -732,7 +737,7 @@ class Syncer:
                                     f"base_version={base_version} is ahead of fragment {index}'s version {frag.version}")
             known = frag.known(ident)
             if not known:
-                elapsed = m.elapsed(time.monotonic())
+                elapsed = m.elapsed(self.monotonic())
                 self.bounds.check_counts(steps=steps, tokens=tokens, step_tokens=step_tokens,
                                          claimed=m.claimed.get(index, 0), elapsed=elapsed)
                 check_position(position, m.start, elapsed, self.bounds.max_step_rate, self.train.sync_every)
@@ -764,7 +769,7 @@ class Syncer:
                 # The next merge of this fragment will include this push: the one after a merge
                 # being written now, which took its pushes before this one arrived.
                 accepted["version"] = frag.version + (1 if frag.writing else 0)
-                accepted_at = time.monotonic()
+                accepted_at = self.monotonic()
                 frag.pending.append(PendingPush(contribution, steps, encoding, path, accepted_at, final))
                 frag.arrivals.note(learner, incarnation, accepted_at)
                 m.position = max(m.position, position)
@@ -826,7 +831,7 @@ class Syncer:
             m = self.members.current(learner, conn_id)
             if m is None:
                 return None
-            check_position(position, m.start, m.elapsed(time.monotonic()), self.bounds.max_step_rate,
+            check_position(position, m.start, m.elapsed(self.monotonic()), self.bounds.max_step_rate,
                            self.train.sync_every)
             m.position = max(m.position, position)
             if rnd != self.sync.round:
@@ -835,20 +840,20 @@ class Syncer:
                 return self._reply(wire.MEAN, header, self.sync.state_tensors())
             self.sync.submit(learner, grads, tokens)
             m.busy = True
-            deadline = time.monotonic() + self.cfg.idle_timeout
+            deadline = self.monotonic() + self.cfg.idle_timeout
             try:
                 while self.sync.round == rnd:
                     self._maybe_complete_round()
                     if self.sync.round != rnd:
                         break
-                    if not self._running or time.monotonic() > deadline:
+                    if not self._running or self.monotonic() > deadline:
                         raise wire.DeadlineExceeded(f"round {rnd} did not complete")
                     self.cond.wait(0.05)
                     if _peer_closed(sock):
                         raise wire.PeerClosed("learner closed while waiting in the barrier")
             finally:
                 m.busy = False
-                m.last_seen = time.monotonic()
+                m.last_seen = self.monotonic()
             mean = self.sync.mean_of(rnd)
             m.tokens += tokens
             if mean is None:  # evicted and overtaken meanwhile: hand over the current state
@@ -863,10 +868,10 @@ class Syncer:
         alive = {m.learner for m in self.members.alive()}
         if not self.sync.ready(alive) or self._waiting_for_start():
             return
-        started = time.monotonic()
+        started = self.monotonic()
         info = self.sync.complete(self.train)
         self.events.emit("sync_step", round=info["round"], contributors=info["contributors"],
-                         tokens=info["tokens"], seconds=time.monotonic() - started)
+                         tokens=info["tokens"], seconds=self.monotonic() - started)
         if self.sync.round % self.cfg.sync_checkpoint_every == 0:
             nbytes, seconds = self.sync.checkpoint(self.store)
             self.events.emit("state_write", what="sync", bytes=nbytes, seconds=seconds, round=self.sync.round)
@@ -883,8 +888,8 @@ class Syncer:
         if self.sync.round > 0 or len(self.members.members) >= self.train.num_learners:
             return False
         if self._first_grad_at is None:
-            self._first_grad_at = time.monotonic()
-        return time.monotonic() - self._first_grad_at < self.cfg.start_wait
+            self._first_grad_at = self.monotonic()
+        return self.monotonic() - self._first_grad_at < self.cfg.start_wait
 
     # ----------------------------------------------------------------- leases
     def _reaper_loop(self) -> None:
@@ -892,7 +897,7 @@ class Syncer:
         while self._running:
             time.sleep(interval)
             with self.cond:
-                self.expire_leases(time.monotonic())
+                self.expire_leases(self.monotonic())
 
     def expire_leases(self, now: float) -> None:
         """Under the lock: every learner silent past its lease is no longer alive."""
@@ -919,7 +924,7 @@ class Syncer:
         while self._running:
             with self.cond:
                 self.cond.wait(0.05)
-                if not self.merge_due(time.monotonic()):
+                if not self.merge_due(self.monotonic()):
                     self.cond.wait(0.5)
 
     def merge_due(self, now: float) -> bool:
@@ -1065,7 +1070,7 @@ class Syncer:
         are the pending files deleted and the new version served. Pushes accepted during
         the write stay pending for the next merge.
         """
-        started = time.monotonic()
+        started = self.monotonic()
         taken = list(frag.pending)
         frag.pending = []
         frag.merging.update(p.contribution.ident for p in taken)
@@ -1090,14 +1095,14 @@ class Syncer:
             # How far Θ_f really moved, measured on the tensors committed (off the lock): a
             # merge that moved nothing has merged nothing, whatever its contributors.
             moved = _relative_change(before, params)
-            write_started = time.monotonic()
-            if self.defect == "ack_before_durable" and time.monotonic() - self._last_flush < defects.FLUSH_EVERY:
+            write_started = self.monotonic()
+            if self.defect == "ack_before_durable" and self.monotonic() - self._last_flush < defects.FLUSH_EVERY:
                 nbytes = 0
             else:
                 nbytes = self.store.write_fragment(frag.spec.index, params, momentum, version, applied,
                                                    accum, accum_count, tokens, rounds)
-                self._last_flush = time.monotonic()
-            write_seconds = time.monotonic() - write_started
+                self._last_flush = self.monotonic()
+            write_seconds = self.monotonic() - write_started
         except BaseException:
             self.cond.acquire()
             frag.writing = False
@@ -1118,7 +1123,7 @@ class Syncer:
         frag.version = version
         frag.tokens = tokens
         frag.rounds = rounds
-        frag.merge_times = (frag.merge_times + [time.monotonic()])[-MERGE_TIMES_KEPT:]
+        frag.merge_times = (frag.merge_times + [self.monotonic()])[-MERGE_TIMES_KEPT:]
         frag.applied = applied
         if self.served is not None:
             self.served[frag.spec.index].advance(params, version)
@@ -1138,7 +1143,7 @@ class Syncer:
                           for c, s, r, f, w in zip(contribs, staleness, raw, factors, weights)],
             tokens=sum(c.tokens for c in contribs), expected_tokens=expected, moved=moved,
             fragment_share=frag.spec.numel / sum(s.numel for s in self.specs),
-            finite=finite, state_bytes=nbytes, seconds=round(time.monotonic() - started, 4))
+            finite=finite, state_bytes=nbytes, seconds=round(self.monotonic() - started, 4))
         self.events.emit("state_write", what=f"fragment-{frag.spec.index}", bytes=nbytes,
                          seconds=round(write_seconds, 4), version=version)
         if self.evaluator is not None:

@@ -14,6 +14,7 @@ import torch
 
 import trainer.learner as learner_mod
 from trainer import wire
+from trainer.adoption import VersionBook
 from trainer.__main__ import build_parser
 from trainer.cli_args import syncer_config
 from trainer.codec import decode
@@ -167,7 +168,7 @@ def _bare_learner(encoding: str) -> Learner:
                           encoding=encoding)
     lrn.incarnation = 1
     lrn.queue = PushQueue(4)
-    lrn.targets, lrn.syncer_versions, lrn.adopted_versions, lrn.awaiting = [None], [0], [0], [{}]
+    lrn.book = VersionBook.starting_at([0])
     return lrn
 
 
