@@ -95,12 +95,13 @@ def boot_stamp() -> dict:
     return {"boot_id": boot_id, "boottime": time.clock_gettime(time.CLOCK_BOOTTIME)}
 
 
-def downtime_since(stamp: object) -> float:
-    """Seconds since `stamp` (a boot_stamp()) by the boot clock; 0 when it was taken on
-    another boot or machine, or cannot be read: no wall clock is trusted for it."""
+def downtime_since(stamp: object, now: dict | None = None) -> float:
+    """Seconds since `stamp` (a boot_stamp()) by the boot clock, to `now` (boot_stamp() if
+    None); 0 when it was taken on another boot or machine, or cannot be read: no wall clock
+    is trusted for it."""
     if not isinstance(stamp, dict):
         return 0.0
-    now = boot_stamp()
+    now = boot_stamp() if now is None else now
     try:
         then = float(stamp["boottime"])
     except (KeyError, TypeError, ValueError):

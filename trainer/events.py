@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from .clock import wall
 from .event_echo import EventEcho
@@ -78,9 +78,16 @@ class EventLog:
     SIGKILLed process leaves every event it wrote readable.
     """
 
-    def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None) -> None:
+    def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None, *,
+                 monotonic: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = wall,
+                 pid: int | None = None) -> None:
+        """The clocks and pid are this process's unless a simulator hands in its own (its
+        logs are then byte-identical from one run of a seed to the next)."""
         self.process = process
         self.learner = learner
+        self._monotonic = monotonic
+        self._wall = wall_clock
+        self._pid = pid
         self._lock = threading.Lock()
         self._file = None
         # A readable copy on stderr for container logs ($ISLANDS_EVENTS_TO_STDERR=1, event_echo.py).
@@ -95,10 +102,10 @@ class EventLog:
 
     def emit(self, kind: str, **fields: Any) -> dict:
         record = {
-            "t": time.monotonic(),
-            "wall": wall(),
+            "t": self._monotonic(),
+            "wall": self._wall(),
             "process": self.process,
-            "pid": os.getpid(),
+            "pid": os.getpid() if self._pid is None else self._pid,
             "learner": self.learner,
             "kind": kind,
         }

@@ -76,13 +76,14 @@ class GlobalEvaluator:
     """Scores the newest snapshot whenever a merge made one and the budget allows."""
 
     def __init__(self, held_out: HeldOut, events: EventLog, snapshot: Callable[[], Snapshot],
-                 budget: float = DEFAULT_BUDGET) -> None:
+                 budget: float = DEFAULT_BUDGET, monotonic: Callable[[], float] = time.monotonic) -> None:
         if not 0 < budget <= 1:
             raise ValueError(f"eval-budget: must be in (0, 1], got {budget}")
         self.held_out = held_out
         self.events = events
         self.snapshot = snapshot
         self.budget = budget
+        self.monotonic = monotonic
         self._wake = threading.Event()
         self._running = False
         self._thread: threading.Thread | None = None
@@ -121,7 +122,7 @@ class GlobalEvaluator:
             self._wake.wait(timeout=1.0)
             if not self._running:
                 return
-            delay = self._next_allowed - time.monotonic()
+            delay = self._next_allowed - self.monotonic()
             if delay > 0:
                 time.sleep(min(delay, 1.0))
                 continue  # the wake flag stays set: evaluate once the budget allows
@@ -133,11 +134,11 @@ class GlobalEvaluator:
         snap = self.snapshot()
         if reason == "merge" and snap.versions == self._last_versions:
             return None
-        started = time.monotonic()
+        started = self.monotonic()
         whole = reason == "final"  # the score `trainer eval` and the summary give; samples before it are cheaper
         loss = self.held_out.loss(snap.params, sample=not whole)
-        cost = self.last_cost = time.monotonic() - started
-        self._next_allowed = time.monotonic() + cost * (1.0 / self.budget - 1.0)
+        cost = self.last_cost = self.monotonic() - started
+        self._next_allowed = self.monotonic() + cost * (1.0 / self.budget - 1.0)
         self._last_versions = list(snap.versions)
         self.evaluations += 1
         self.events.emit("global_eval", versions=snap.versions, version=sum(snap.versions),

@@ -119,16 +119,19 @@ class FragmentState:
 class Syncer:
     def __init__(self, cfg: SyncerConfig, train: TrainConfig, secret: bytes,
                  run_dir: str | None = None, storage: Storage = FILES,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, events: EventLog | None = None,
+                 stamp: Callable[[], dict] = boot_stamp) -> None:
         # Every reading of elapsed time (leases, grace, rate bounds, deadlines) comes from
-        # here: a simulator hands in its virtual clock (issue 28).
+        # here, every event goes to `events`, and the boot clock's stamp from `stamp`: a
+        # simulator hands in its virtual clock and its own log (chaos/sim).
         self.monotonic = monotonic
+        self.stamp = stamp
         self.cfg = cfg
         self.train = train
         self.secret = secret
         self.outer = OuterConfig(cfg.outer_lr, cfg.outer_momentum)
         self.rule = MergeRule(cfg.quorum, cfg.grace, cfg.grace_policy, cfg.final_wait)
-        self.events = EventLog(run_dir, "syncer")
+        self.events = events or EventLog(run_dir, "syncer")
         self.defect = defects.active()
         self.store = StateDir(cfg.state_dir, storage)
         # Set once a sync failed: the disk is not trusted, and the process exits for a restart
@@ -198,7 +201,8 @@ class Syncer:
                     f"({meta.get('fingerprint')}); use a fresh --state-dir")
             # Each incarnation's age goes on from where it was written, plus the time this
             # syncer was down by the boot clock (0 after a reboot or on another machine).
-            self.members.restore(meta.get("members", {}), self.monotonic(), downtime_since(meta.get("clock")))
+            self.members.restore(meta.get("members", {}), self.monotonic(),
+                                 downtime_since(meta.get("clock"), self.stamp()))
             self.counters.update(meta.get("counters", {}))
         initial = {n: p.detach().clone() for n, p in model.named_parameters()}
         if self.train.mode == "sync":
@@ -264,7 +268,7 @@ class Syncer:
             held_out = HeldOut(self.task, self.train.seed)
         except FileNotFoundError as exc:
             raise ValueError(f"eval-data: {exc}") from None
-        return GlobalEvaluator(held_out, self.events, self._snapshot, self.cfg.eval_budget)
+        return GlobalEvaluator(held_out, self.events, self._snapshot, self.cfg.eval_budget, self.monotonic)
 
     def _snapshot(self) -> Snapshot:
         """Θ as it stands, for the evaluator: copied under the lock, scored outside it."""
@@ -280,7 +284,7 @@ class Syncer:
     def _meta_document(self) -> dict:
         """meta.json's content (under the lock): members and counters."""
         return {"fingerprint": self._fingerprint(), "members": self.members.persistent(self.monotonic()),
-                "counters": dict(self.counters), "clock": boot_stamp()}
+                "counters": dict(self.counters), "clock": self.stamp()}
 
     def _meta_written(self, nbytes: int, files: int, document: dict) -> None:
         self.members.note_durable(document["members"])
@@ -487,20 +491,16 @@ class Syncer:
                 try:
                     if frame.type == FrameType.HELLO:
                         self._check_identity(frame, channel)
-                    reply, learner = self._dispatch(frame, conn_id, learner, sock)
                 except ProtocolError as exc:
-                    self._refuse(channel, exc, learner, peer)
-                    if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
-                        reason = f"refused: {exc.reason}"
-                        break
-                    frame = channel.recv(self.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
-                    continue
-                if reply is None:  # superseded by a newer connection of the same learner
-                    reason = "superseded"
-                    break
-                self.counters["bytes_out"] += channel.send(reply, self.monotonic() + REPLY_DEADLINE)
-                if frame.type == FrameType.BYE:
-                    reason = "bye"
+                    reply, closes = self.refusal(exc, learner, peer), not isinstance(exc.reason, Reason) \
+                        or exc.reason.closes_connection
+                    closes = f"refused: {exc.reason}" if closes else None
+                else:
+                    reply, learner, closes = self.handle(frame, conn_id, learner, peer, sock)
+                if reply is not None:
+                    self._send_reply(channel, reply, REPLY_DEADLINE if reply.type != FrameType.ERROR else 1.0)
+                if closes is not None:
+                    reason = closes
                     break
                 frame = channel.recv(self.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
         except wire.PeerClosed:
@@ -519,28 +519,57 @@ class Syncer:
             reason = f"internal error: {type(exc).__name__}"
         finally:
             sock.close()
-            with self.cond:
-                self.admission.release(conn_id)
-                if learner is not None:
-                    m = self.members.disconnect(learner, conn_id)
-                    if m is not None:
-                        self.events.emit("leave", learner=learner, incarnation=m.incarnation, reason=reason)
-                self.cond.notify_all()
+            self.connection_closed(conn_id, learner, reason)
 
-    def _refuse(self, channel: wire.Channel | None, exc: ProtocolError, learner: int | None, peer: tuple) -> None:
-        """Count and report a refusal, and answer it with ERROR when a session exists."""
+    def handle(self, frame: wire.Frame, conn_id: int, learner: int | None, peer: tuple = ("-", 0),
+               sock: socket.socket | None = None) -> tuple[wire.Message | None, int | None, str | None]:
+        """One authenticated frame of connection `conn_id`, decided: (the reply to send, or
+        None; the learner the connection speaks for from now on; why the connection closes
+        after it, or None). The thread that owns the socket only sends and receives; a
+        simulator calls this with frames of its own network (chaos/sim)."""
+        try:
+            reply, learner = self._dispatch(frame, conn_id, learner, sock)
+        except ProtocolError as exc:
+            closes = not isinstance(exc.reason, Reason) or exc.reason.closes_connection
+            return self.refusal(exc, learner, peer), learner, f"refused: {exc.reason}" if closes else None
+        if reply is None:  # superseded by a newer connection of the same learner
+            return None, learner, "superseded"
+        return reply, learner, "bye" if frame.type == FrameType.BYE else None
+
+    def connection_closed(self, conn_id: int, learner: int | None, reason: str) -> None:
+        """A connection ended (its socket is closed): its slot is free, and the learner it
+        spoke for is no longer connected through it."""
+        with self.cond:
+            self.admission.release(conn_id)
+            if learner is not None:
+                m = self.members.disconnect(learner, conn_id)
+                if m is not None:
+                    self.events.emit("leave", learner=learner, incarnation=m.incarnation, reason=reason)
+            self.cond.notify_all()
+
+    def refusal(self, exc: ProtocolError, learner: int | None, peer: tuple) -> wire.Message | None:
+        """Count and report a refusal; the ERROR that answers it, when a session exists."""
         if exc.reason in ADMISSION_REASONS:
             self._refused_connection(exc.reason, exc.detail, peer, learner)
         else:
             self._reject(exc.reason, exc.detail, learner, peer)
-        if channel is None or exc.reason == Reason.HANDSHAKE_TIMEOUT:
-            return
+        if exc.reason == Reason.HANDSHAKE_TIMEOUT:
+            return None
+        return wire.message(FrameType.ERROR, {"reason": str(exc.reason), "detail": exc.detail[:1000]})
+
+    def _refuse(self, channel: wire.Channel | None, exc: ProtocolError, learner: int | None, peer: tuple) -> None:
+        """Count and report a refusal, and answer it with ERROR when a session exists."""
+        error = self.refusal(exc, learner, peer)
+        if channel is not None and error is not None:
+            self._send_reply(channel, error, 1.0)
+
+    def _send_reply(self, channel: wire.Channel, reply: wire.Message, within: float) -> None:
+        """Send `reply`; an ERROR whose peer is gone is not worth an exception."""
         try:
-            sent = channel.send(wire.message(FrameType.ERROR, {"reason": str(exc.reason), "detail": exc.detail[:1000]}),
-                                self.monotonic() + 1.0)
-            self.counters["bytes_out"] += sent
+            self.counters["bytes_out"] += channel.send(reply, self.monotonic() + within)
         except (OSError, wire.DeadlineExceeded):
-            pass
+            if reply.type != FrameType.ERROR:
+                raise
 
     def _reject(self, reason: Reason | str, detail: str, learner: int | None, peer: tuple) -> None:
         with self.cond:
