@@ -92,12 +92,22 @@ class GlobalEvaluator:
         self.evaluations = 0
         self.last_cost = 0.0  # seconds the last evaluation took: the budget rests a multiple of it
 
-    def start(self) -> None:
-        """Score Θ as the syncer starts (initial or restored: the curve's first point), then follow merges."""
+    def start(self, threaded: bool = True) -> None:
+        """Score Θ as the syncer starts (initial or restored: the curve's first point), then
+        follow merges: in a thread of its own, or (`threaded=False`, a simulator's single
+        thread) when score_merges() is called."""
         self._evaluate("start")
+        if not threaded:
+            return
         self._running = True
         self._thread = threading.Thread(target=self._loop, name="syncer-eval", daemon=True)
         self._thread.start()
+
+    def score_merges(self) -> None:
+        """Without a thread: score Θ now if a merge changed it and the budget allows."""
+        if self._wake.is_set() and self.monotonic() >= self._next_allowed:
+            self._wake.clear()
+            self._evaluate("merge")
 
     def note_merge(self) -> None:
         """A merge committed a new version: cheap, called under the syncer's lock."""

@@ -321,15 +321,34 @@ class Syncer:
         else on a socket bound now."""
         sock = listener if listener is not None else bind_listener(self.cfg.host, self.cfg.port)
         self._listener = sock
-        self.address = sock.getsockname()[:2]
+        self._begin(sock.getsockname()[:2], threaded=True)
+        return self.address
+
+    def start_stepped(self, address: tuple[str, int]) -> None:
+        """Serve with no socket and no thread: the caller delivers frames with handle() and
+        connection_closed(), and moves time on with tick() (chaos/sim's single thread)."""
+        self._begin(address, threaded=False)
+
+    def tick(self, now: float) -> None:
+        """What the reaper and merge threads do, once, at `now`: expire leases, merge what
+        is due, score Θ if a merge changed it."""
+        with self.cond:
+            self.expire_leases(now)
+            if self.sync is None:
+                self.merge_due(now)
+        if self.evaluator is not None:
+            self.evaluator.score_merges()
+
+    def _begin(self, address: tuple[str, int], threaded: bool) -> None:
+        self.address = address
         self._running = True
         for target, name in ((self._accept_loop, "accept"), (self._reaper_loop, "reaper"),
-                             (self._merge_loop, "merge")):
+                             (self._merge_loop, "merge")) if threaded else ():
             t = threading.Thread(target=target, name=f"syncer-{name}", daemon=True)
             t.start()
             self._threads.append(t)
         if self.evaluator is not None:
-            self.evaluator.start()
+            self.evaluator.start(threaded)
         self.events.emit("process_start", role="syncer", mode=self.train.mode, defect=self.defect,
                          address=list(self.address), config=self.train.to_dict(),
                          syncer={"quorum": self.cfg.quorum, "grace": self.cfg.grace,
@@ -341,7 +360,6 @@ class Syncer:
                                  "momentum_warmup": self.cfg.warmup_rounds,
                                  "outer_lr": self.cfg.outer_lr, "outer_momentum": self.cfg.outer_momentum,
                                  "eval_data": self.cfg.eval_data or None, "eval_budget": self.cfg.eval_budget})
-        return self.address
 
     def stop(self, reason: str = "stop") -> None:
         """Stop serving, merge what is pending, write the final state."""

@@ -1,0 +1,397 @@
+"""A stand-in learner: the real learner's protocol on a model that costs microseconds.
+
+What it shares with trainer/learner.py is what decides: the versions protocol
+(trainer.adoption.VersionBook: what to pull, what to adopt, when a push may go, following
+a syncer that went back), the push queue (trainer.pushes.PushQueue: coalescing, claiming),
+the staggered fragment clock, the wire messages and the refusal rules. What it does not
+share is the I/O: one request in flight on one connection of the simulated network, a
+deadline per request, reconnection with backoff and jitter from the run's seeded PRNG.
+Its inner step is a real SGD step on the stand-in task (task.py)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from trainer import wire
+from trainer.adoption import VersionBook
+from trainer.codec import decode, encode
+from trainer.events import EventLog
+from trainer.fragments import FragmentClock
+from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
+from trainer.pushes import OutgoingPush, PushQueue
+
+from .syncer_host import to_frame
+
+if TYPE_CHECKING:
+    from .world import World
+
+LR = 0.05
+BACKOFF_INITIAL, BACKOFF_MAX = 0.2, 2.0   # trainer/learner.py BACKOFF
+DRAIN_TIMEOUT = 5.0
+
+
+@dataclass
+class Request:
+    ident: int
+    kind: str
+    conn: int
+    on_reply: Callable[[wire.Frame], None]
+
+
+class SimLearner:
+    """One incarnation of learner `n`: a kill ends it, a restart makes the next."""
+
+    def __init__(self, world: "World", n: int, life: int) -> None:
+        self.world = world
+        self.n = n
+        self.time = world.time
+        self.cfg = world.train
+        self.rng = random.Random(world.seed * 7_919 + n * 104_729 + life)
+        self.events = EventLog(world.run_dir, f"learner-{n}", learner=n, monotonic=self.time.monotonic,
+                               wall_clock=self.time.wall, pid=100 * n + life)
+        self.nonce = f"{n:04x}{life:08x}{world.seed & 0xffffffff:08x}"
+        self.step_time = world.step_time * (1.0 + 0.1 * self.rng.random())
+        self.alive, self.paused, self.finishing, self.finished = True, False, False, False
+        self.incarnation: int | None = None
+        self.book: VersionBook | None = None
+        self.queue = PushQueue(self.cfg.max_unsent_pushes)
+        self.conn: int | None = None
+        self.connecting = False
+        self.in_flight: Request | None = None
+        self.requests = 0
+        self.connections = 0
+        self.failures_in_a_row = 0
+        self.retry_at = 0.0
+        self.last_sent = 0.0
+        self.step = 0
+        self.seq = 0
+        self.model: torch.nn.Module | None = None
+        self._held: list[Callable[[], None]] = []
+
+    # ------------------------------------------------------------------ life
+    def start(self) -> None:
+        self.events.emit("process_start", role="learner", mode=self.cfg.mode, defect=None, simulated=True)
+        self._connect()
+
+    def kill(self) -> None:
+        self.alive = False
+        self._close("killed", tell_syncer=True)
+        self.events.close()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        held, self._held = self._held, []
+        for action in held:
+            action()
+        if self.model is not None and not self.finishing:
+            self.time.after(0.0, self._step)
+        self._pump()
+
+    def _when_running(self, action: Callable[[], None]) -> None:
+        if not self.alive:
+            return
+        if self.paused:
+            self._held.append(action)
+        else:
+            action()
+
+    # ----------------------------------------------------------- training
+    def _setup(self, welcome: wire.Frame) -> None:
+        h = welcome.header
+        task = self.world.task
+        self.model = task.model(self.cfg.seed)
+        tensors = welcome.tensors()
+        if tensors:
+            with torch.no_grad():
+                for name, p in self.model.named_parameters():
+                    p.copy_(tensors[name])
+        self.params = dict(self.model.named_parameters())
+        self.fragment_names = [list(names) for names in h["fragments"]]
+        self.book = VersionBook.starting_at(list(h["versions"]))
+        self.position = int(h["position"])
+        self.batches = task.batches(self.n - 1, self.cfg.num_learners, self.cfg.seed, skip=self.position)
+        self.refs = {f: {n: self.params[n].detach().clone() for n in names}
+                     for f, names in enumerate(self.fragment_names)}
+        self.globals = {f: {n: t.clone() for n, t in ref.items()} for f, ref in self.refs.items()}
+        self.tokens_since = [0] * len(self.fragment_names)
+        self.steps_since = [0] * len(self.fragment_names)
+        self.last_push_step = [0] * len(self.fragment_names)
+        self.clock = FragmentClock(self.cfg.sync_every, self.cfg.fragments)
+        self.time.after(self.step_time, self._step)
+
+    def _step(self) -> None:
+        if not self.alive or self.finishing:
+            return
+        if self.paused:
+            return  # resume() steps again
+        for f in list(self.book.pulled):
+            if self.step >= self.last_push_step[f] + self.cfg.overlap:
+                self._adopt(f)
+        batch = next(self.batches)
+        loss = self.world.trainer.sgd_step(self.params, batch, LR)
+        tokens = self.world.task_tokens
+        self.step += 1
+        self.position += 1
+        for f in range(len(self.fragment_names)):
+            self.tokens_since[f] += tokens
+            self.steps_since[f] += 1
+        self.events.emit("inner_step", step=self.step, loss=loss, tokens=tokens,
+                         compute_s=round(self.step_time, 5), incarnation=self.incarnation, position=self.position)
+        for f in self.clock.due(self.step):
+            if self.book.may_push(f, self.cfg.push_window):
+                self._push(f)
+        self._pump()
+        self.time.after(self.step_time, self._step)
+
+    def _push(self, f: int, residual: bool = False, final: bool = False) -> None:
+        self.seq += 1
+        with torch.no_grad():
+            delta = {n: self.refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
+            self.refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
+        self.queue.put(OutgoingPush(f, self.seq, self.book.adopted[f], self.tokens_since[f], self.steps_since[f],
+                                    self.position, delta, created_step=self.step, residual=residual, final=final))
+        self.tokens_since[f] = self.steps_since[f] = 0
+        self.last_push_step[f] = self.step
+        self.clock.synced(f, self.step)
+
+    def _adopt(self, f: int) -> None:
+        adoption = self.book.take(f)
+        if adoption is None:
+            return
+        version, tensors, rollback_from = adoption
+        names = self.fragment_names[f]
+        norm = _norm(tensors, names)
+        expected = _distance(self.params, self.refs[f], names)
+        with torch.no_grad():  # rebase: θ ← Θ + (θ − ref)
+            for name in names:
+                self.params[name].add_(tensors[name] - self.refs[f][name])
+            self.refs[f] = {n: tensors[n].detach().clone() for n in names}
+        self.book.adopt(f, version)
+        self.globals[f] = tensors
+        self.clock.synced(f, self.step)
+        self.events.emit("apply", fragment=f, version=version, alpha=0.0, adopt="rebase", incarnation=self.incarnation,
+                         discarded_tokens=0, **({"rollback_from": rollback_from} if rollback_from is not None else {}),
+                         drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
+                         expected_drift=round(expected / norm, 7) if norm else 0.0)
+
+    # ------------------------------------------------------------- the end
+    def finish(self) -> None:
+        """A clean stop: the residual progress pushed as the final round, the queue drained
+        for at most DRAIN_TIMEOUT s, then the final parameters reported."""
+        if not self.alive or self.model is None:
+            self.finished = True
+            return
+        self.finishing = True
+        for f in range(len(self.fragment_names)):
+            if self.steps_since[f]:
+                self._push(f, residual=True, final=self.cfg.final_round)
+        self.time.after(DRAIN_TIMEOUT, self._stop)
+        self._pump()
+
+    def _stop(self) -> None:
+        if self.finished or not self.alive:
+            return
+        self.finished = True
+        rows = []
+        for f, names in enumerate(self.fragment_names):
+            diff = _distance(self.params, self.globals[f], names)
+            norm = _norm(self.globals[f], names)
+            rows.append({"fragment": f, "version": self.book.adopted[f], "drift": diff / norm if norm > 0 else diff,
+                         "diff": diff, "norm": norm})
+        self.events.emit("final_params", fragments=rows, incarnation=self.incarnation)
+        if self.conn is not None:
+            self._close("bye", tell_syncer=True)
+        self.events.emit("process_stop", role="learner", steps=self.step, drained=len(self.queue) == 0,
+                         unsent=len(self.queue), incarnation=self.incarnation)
+        self.events.close()
+
+    # ------------------------------------------------------------ network
+    def _connect(self) -> None:
+        if not self.alive or self.conn is not None or self.connecting:
+            return
+        self.connecting = True
+        self.conn = self.world.new_connection()
+        header = {"learner": self.n, "nonce": self.nonce, "mode": self.cfg.mode,
+                  "want_params": self.model is None}
+        self._send("hello", wire.message(FrameType.HELLO, header), self._welcomed)
+
+    def _welcomed(self, welcome: wire.Frame) -> None:
+        self.connecting = False
+        if welcome.type != FrameType.WELCOME:
+            self._failed(f"expected WELCOME, got {welcome.type}")
+            return
+        self.failures_in_a_row = 0
+        self.connections += 1
+        self.incarnation = int(welcome.header["incarnation"])
+        self.events.emit("connect", address="sim", incarnation=self.incarnation, connections=self.connections,
+                         wire_bytes=welcome.wire_bytes)
+        if self.model is None:
+            self._setup(welcome)
+        else:
+            self._note_versions(welcome.header.get("versions"))
+        self._pump()
+
+    def _failed(self, why: str) -> None:
+        """A connection attempt or a request failed: close, back off, try again."""
+        self.connecting = False
+        self._close(why, tell_syncer=True)
+        self.failures_in_a_row += 1
+        delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (self.failures_in_a_row - 1)) + self.rng.uniform(0, 0.2)
+        self.time.after(delay, lambda: self._when_running(self._connect))
+
+    def _close(self, why: str, tell_syncer: bool) -> None:
+        conn, self.conn, self.in_flight = self.conn, None, None
+        if conn is None:
+            return
+        self.events.emit("disconnect", error=why)
+        if tell_syncer:
+            self.world.closed_by_learner(self.n, conn, why)
+
+    def _pump(self) -> None:
+        """Send the next request if none is out: the head push, a pull, or a heartbeat."""
+        if not self.alive or self.paused or self.in_flight is not None or self.book is None:
+            return
+        if self.conn is None or self.connecting:
+            if self.conn is None and not self.connecting:
+                self._connect()
+            return
+        item = self.queue.peek()
+        if item is not None and self.time.now >= self.retry_at:
+            self._send_push(item)
+            return
+        wanted = self.book.pulls_wanted()
+        if wanted:
+            self._send_pull(wanted[0])
+            return
+        if self.finishing and len(self.queue) == 0:
+            self._stop()
+            return
+        due = self.last_sent + self.cfg.heartbeat_interval
+        if self.time.now >= due:
+            self._send("heartbeat", wire.message(wire.HEARTBEAT, {}), lambda r: self._note_versions(
+                r.header.get("versions")))
+        else:
+            self.time.at(min(due, self.retry_at) if self.retry_at > self.time.now else due,
+                         lambda: self._when_running(self._pump))
+
+    def _send(self, kind: str, message: wire.Message, on_reply: Callable[[wire.Frame], None]) -> None:
+        self.requests += 1
+        request = Request(self.requests, kind, self.conn, on_reply)
+        self.in_flight = request
+        self.last_sent = self.time.now
+        self.time.after(self.cfg.request_timeout, lambda: self._timed_out(request))
+        self.world.send_up(self, request, message)
+
+    def _timed_out(self, request: Request) -> None:
+        if self.in_flight is request and self.alive:
+            if self.paused:  # a stopped process's deadline passes when it runs again
+                self._held.append(lambda: self._timed_out(request))
+                return
+            self._failed(f"{request.kind}: no reply within {self.cfg.request_timeout:g} s")
+
+    def reply(self, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
+        """The answer to `request` reached this learner (None: the connection was reset)."""
+        self._when_running(lambda: self._on_reply(request, frame, closes))
+
+    def _on_reply(self, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
+        if self.in_flight is not request:
+            return  # timed out, or the connection is gone
+        self.in_flight = None
+        if frame is None:
+            self._failed(f"{request.kind}: {closes or 'connection reset'}")
+            return
+        if frame.type == FrameType.ERROR and request.kind == "hello":
+            self._failed(f"hello refused: {frame.header.get('reason')}")
+            return
+        if frame.type == FrameType.ERROR:
+            self._refused(request, frame)
+            if not self.alive:
+                return
+        else:
+            request.on_reply(frame)
+        if closes is not None and self.conn == request.conn:
+            self._failed(closes)
+            return
+        self._pump()
+
+    def _refused(self, request: Request, frame: wire.Frame) -> None:
+        reason = str(frame.header.get("reason"))
+        detail = str(frame.header.get("detail", ""))
+        if reason in {str(r) for r in FATAL_REASONS}:
+            self.events.emit("process_stop", role="learner", reason=f"refused: {reason}", incarnation=self.incarnation)
+            self.alive = False
+            return
+        item = self.queue.peek()
+        if request.kind != "push" or item is None or not item.claimed:
+            return
+        if reason in {str(r) for r in RETRY_LATER_REASONS}:
+            self.failures_in_a_row += 1
+            delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (self.failures_in_a_row - 1)) + self.rng.uniform(0, 0.2)
+            self.retry_at = self.time.now + delay
+            self.events.emit("push_deferred", reason=reason, detail=detail, retry_in=round(delay, 3),
+                             fragment=item.fragment, seq=item.seq)
+            return
+        self.queue.pop(item)
+        self.book.refused(item.fragment, item.seq)
+        self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused", reason=reason, detail=detail,
+                         wire_bytes=item.message.wire_size, tokens=item.tokens, steps=item.steps,
+                         id=f"{self.n}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
+
+    def _send_push(self, item: OutgoingPush) -> None:
+        self.book.sent(item.fragment, item.seq)
+        self.queue.claim(item)
+        if item.message is None:
+            header = {"learner": self.n, "incarnation": self.incarnation, "seq": item.seq, "fragment": item.fragment,
+                      "base_version": item.base_version, "tokens": item.tokens, "steps": item.steps,
+                      "position": item.position, "encoding": "fp32", "step_tokens": max(1, self.world.task_tokens)}
+            if item.final:
+                header["final"] = 1
+            item.message = wire.message(wire.PUSH, header, encode(item.delta, "fp32"))
+        item.attempts += 1
+        started = self.time.now
+
+        def answered(reply: wire.Frame) -> None:
+            self.failures_in_a_row = 0
+            self.queue.pop(item)
+            self._note_versions(reply.header.get("versions"))
+            status = reply.header.get("status")
+            version = int(reply.header.get("version", 0))
+            self.book.answered(item.fragment, item.seq, version + 1 if status == "accepted" else version)
+            self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.n}:{self.incarnation}:{item.seq}",
+                             base_version=item.base_version, tokens=item.tokens, steps=item.steps,
+                             wire_bytes=item.message.wire_size, encoding="fp32", status=status, version=version,
+                             attempts=item.attempts, coalesced=item.coalesced, residual=item.residual,
+                             final=item.final, latency=round(self.time.now - started, 4),
+                             incarnation=self.incarnation)
+
+        self._send("push", item.message, answered)
+
+    def _send_pull(self, f: int) -> None:
+        def pulled(reply: wire.Frame) -> None:
+            version = int(reply.header["version"])
+            shapes = {n: self.params[n].shape for n in self.fragment_names[f]}
+            tensors = decode(reply.tensors(), str(reply.header.get("encoding", "fp32")), shapes)
+            self.book.put_pulled(f, version, tensors)
+            self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes, encoding="fp32")
+
+        self._send("pull", wire.message(wire.PULL, {"fragment": f}), pulled)
+
+    def _note_versions(self, versions: list[int] | None) -> None:
+        for r in self.book.note_versions(versions):
+            self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
+                             incarnation=self.incarnation)
+
+
+def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
+    return float(sum(float((a[n].detach() - b[n]).pow(2).sum()) for n in names)) ** 0.5
+
+
+def _norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
+    return float(sum(float(tensors[n].pow(2).sum()) for n in names)) ** 0.5
+

@@ -1,0 +1,93 @@
+"""The real syncer, driven from the simulator's one thread.
+
+It is trainer.syncer.Syncer as the live process runs it, with the simulator's clock, event
+log, boot stamp and disk handed in, started with no socket or thread: frames arrive through
+`Syncer.handle`, closed connections through `connection_closed`, time through `tick`. A
+kill drops the object (what it wrote stays on the SimDisk, as the page cache keeps it), a
+power loss keeps only what was synced, a restart recovers from what is there."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from trainer import wire
+from trainer.config import SyncerConfig, TrainConfig
+from trainer.events import EventLog
+from trainer.simdisk import SimDisk
+from trainer.syncer import Syncer
+
+from .loop import VirtualTime
+
+SECRET = b"islands-simulation-secret-000000"
+ADDRESS = ("sim", 1)
+SYNCER_PID = 1
+
+
+def to_frame(message: wire.Message) -> wire.Frame:
+    """What the other end reads of a message: its header and payload (the wire's framing,
+    MAC and CRC are tested on their own; the simulated network carries whole frames)."""
+    return wire.Frame(message.type, wire.parse_header(message.head), message.payload)
+
+
+class SyncerHost:
+    def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path) -> None:
+        self.time = time
+        self.cfg = cfg
+        self.train = train
+        self.run_dir = run_dir
+        self.disk = SimDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
+        self.syncer: Syncer | None = None
+        self.paused = False
+        self.incarnation = 0
+        self._held: list[Callable[[], None]] = []  # what reached it while paused, in order
+
+    @property
+    def up(self) -> bool:
+        return self.syncer is not None
+
+    def start(self) -> None:
+        self.incarnation += 1
+        events = EventLog(self.run_dir, "syncer", monotonic=self.time.monotonic, wall_clock=self.time.wall,
+                          pid=SYNCER_PID + self.incarnation)
+        self.syncer = Syncer(self.cfg, self.train, SECRET, str(self.run_dir), storage=self.disk,
+                             monotonic=self.time.monotonic, events=events, stamp=lambda: {"boot_id": "", "boottime": 0})
+        self.syncer.start_stepped(ADDRESS)
+
+    def kill(self, power_loss: bool = False) -> None:
+        """SIGKILL (or a power loss: the disk keeps only what was synced)."""
+        if self.syncer is not None:
+            self.syncer.events.close()
+            self.syncer = None
+        self.paused = False
+        self._held.clear()
+        if power_loss:
+            self.disk = self.disk.crash()
+
+    def stop(self) -> None:
+        if self.syncer is not None:
+            self.syncer.stop("end of the simulated run")
+            self.syncer = None
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        held, self._held = self._held, []
+        for action in held:
+            if self.syncer is None:
+                return
+            action()
+
+    def run(self, action: Callable[[], None]) -> None:
+        """Run `action` on the syncer now, or when it is resumed."""
+        if self.syncer is None:
+            return
+        if self.paused:
+            self._held.append(action)
+        else:
+            action()
+
+    def tick(self) -> None:
+        if self.syncer is not None and not self.paused:
+            self.syncer.tick(self.time.now)

@@ -1,0 +1,66 @@
+"""The stand-in task: linear regression whose optimum is known, cheap enough that a minute
+of simulated training costs milliseconds, and whose loss says how far Θ is from it.
+
+y = x·w* + b* + ε with ε ~ N(0, NOISE²): the best possible loss is NOISE² (0.01), the
+untrained model's is about ‖w*‖² + b*² (≈ 8), so `final_loss` has a real margin to judge."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+
+DIM = 8
+NOISE = 0.1
+BATCH = 16
+EVAL_BATCHES = 4
+POOL = 64
+
+
+class LinearTask:
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(12345)
+        self.w = torch.randn(DIM, generator=g)
+        self.b = float(torch.randn(1, generator=g))
+
+    def model(self) -> torch.nn.Module:
+        return torch.nn.Linear(DIM, 1)
+
+    def _batch(self, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(BATCH, DIM, generator=g)
+        return x, x @ self.w + self.b + NOISE * torch.randn(BATCH, generator=g)
+
+    def batches(self, shard: int, shards: int, seed: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batch i of a shard is the same whatever `start`: a pool of POOL batches made once,
+        walked from `start` (a minute of simulated training reads thousands)."""
+        g = torch.Generator().manual_seed(seed * 1_000_003 + shard * 7919)
+        pool = [self._batch(g) for _ in range(POOL)]
+        i = start
+        while True:
+            yield pool[i % POOL]
+            i += 1
+
+    def sgd_step(self, params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> float:
+        """One SGD step on the MSE, its gradient in closed form (no autograd: the simulator
+        runs thousands a second); returns the loss before the step."""
+        x, y = batch
+        w, b = params["weight"], params["bias"]
+        with torch.no_grad():
+            err = x @ w[0] + b[0] - y
+            n = float(len(y))
+            w[0].sub_(x.T @ err, alpha=2.0 * lr / n)
+            b.sub_(err.sum(), alpha=2.0 * lr / n)
+            return float((err * err).mean())
+
+    def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        return ((model(x).squeeze(-1) - y) ** 2).mean()
+
+    def tokens(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
+        return int(batch[0].shape[0])
+
+    def eval_batches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        g = torch.Generator().manual_seed(999)
+        return [self._batch(g) for _ in range(EVAL_BATCHES)]
+
+
+SPEC = "chaos.sim.task:LinearTask"

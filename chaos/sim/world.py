@@ -1,0 +1,320 @@
+"""A schedule run end to end in the simulator, into a run directory the checkers read.
+
+The world owns the virtual time, the links, the syncer host and the learners; it applies
+each fault at its planned instant and records it in history.jsonl as the controller does
+(in force exactly as planned: simulated time has no slow engine), heals whatever is still
+in force at the end, lets the learners stop cleanly, and stops the syncer, whose final
+state and evaluation are the last events. Everything is seeded: one seed, one run."""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from faults import Schedule
+from trainer import wire
+from trainer.config import SyncerConfig, TrainConfig
+from trainer.task import load_task
+
+from ..controller import HISTORY_FILE, describe_fault
+from .learner import Request, SimLearner
+from .loop import EPOCH_MONOTONIC, VirtualTime
+from .network import DOWN, UP, Link, streams
+from .syncer_host import SyncerHost, to_frame
+from .task import BATCH, SPEC, LinearTask
+
+SUPPORTED = ("kill", "pause", "partition", "latency", "power_loss")
+PARTITION_MODES = ("blackhole", "refuse")
+WARMUP = 1.0            # s from the start until t0: every learner has joined and stepped
+TICK = 0.05             # the syncer's reaper and merge loop period
+SETTLE = 15.0           # after a final heal that undid something (chaos/controller.py)
+TAIL = 20.0             # the default duration past the schedule's horizon (chaos/runner.py)
+MAX_ACTIONS_PER_SECOND = 200_000
+
+
+@dataclass(frozen=True)
+class SimSettings:
+    learners: int = 2
+    sync_every: int = 10
+    fragments: int = 1
+    step_time: float = 0.05
+    duration: float | None = None   # default: the schedule's horizon + TAIL
+
+
+def unsupported(schedule: Schedule) -> list[str]:
+    """What the simulator cannot model, by name (a run is refused rather than half-simulated)."""
+    problems = []
+    for i, f in enumerate(schedule.faults):
+        if f.kind not in SUPPORTED:
+            problems.append(f"faults[{i}]: kind {f.kind!r} is not simulated (simulated: {', '.join(SUPPORTED)})")
+        elif f.kind == "partition" and f.mode not in PARTITION_MODES:
+            problems.append(f"faults[{i}].mode: {f.mode!r} is not simulated (simulated: {', '.join(PARTITION_MODES)})")
+        elif "/rank-" in getattr(f, "target", ""):
+            problems.append(f"faults[{i}].target: ranks are not simulated")
+    return problems
+
+
+class History:
+    """history.jsonl stamped with the virtual clocks."""
+
+    def __init__(self, path: Path, time: VirtualTime) -> None:
+        self.fh = open(path, "w", encoding="utf-8")
+        self.time = time
+
+    def record(self, **fields) -> None:
+        self.fh.write(json.dumps({"t": self.time.monotonic(), "wall": self.time.wall(), **fields}, default=str) + "\n")
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+class World:
+    def __init__(self, schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings()) -> None:
+        problems = unsupported(schedule)
+        if problems:
+            raise ValueError("the simulator: " + "; ".join(problems))
+        schedule.validate(settings.learners)
+        self.schedule = schedule
+        self.settings = settings
+        self.seed = schedule.seed
+        self.run_dir = run_dir
+        self.duration = settings.duration if settings.duration is not None else schedule.horizon + TAIL
+        if self.duration < schedule.horizon:
+            raise ValueError(f"duration: {self.duration:g} s ends before the schedule's last fault, at "
+                             f"{schedule.horizon:g} s")
+        self.step_time = settings.step_time
+        self.time = VirtualTime()
+        self.rng = random.Random(self.seed)
+        self.train = TrainConfig(task=SPEC, num_learners=settings.learners, sync_every=settings.sync_every,
+                                 fragments=settings.fragments, seed=self.seed, batch_size=16,
+                                 heartbeat_interval=0.2, heartbeat_timeout=1.0, request_timeout=5.0)
+        self.task = load_task(SPEC)      # checked, as the syncer loads it
+        self.trainer = LinearTask()      # the learners' closed-form steps
+        self.task_tokens = BATCH
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.syncer = SyncerHost(self.time, SyncerConfig(host="127.0.0.1", port=0, state_dir=str(run_dir / "state"),
+                                                         eval_data="held-out", eval_budget=1.0),
+                                 self.train, run_dir)
+        self.links = {n: Link(n, random.Random(self.rng.random())) for n in range(1, settings.learners + 1)}
+        self.lives = {n: 0 for n in self.links}
+        self.learners: dict[int, SimLearner] = {}
+        self.down: set[str] = set()
+        self.open: dict[int, int] = {}           # connection -> learner
+        self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
+        self._conns = 0
+        self.history = History(run_dir / HISTORY_FILE, self.time)
+
+    # ------------------------------------------------------------ running
+    def run(self) -> None:
+        torch.set_num_threads(1)
+        self.schedule.dump(self.run_dir / "schedule.yaml")
+        (self.run_dir / "run.json").write_text(json.dumps({
+            "backend": "sim", "learners": self.settings.learners, "mode": "decoupled", "task": SPEC,
+            "seed": self.seed, "duration": self.duration, "sync_every": self.settings.sync_every,
+            "fragments": self.settings.fragments, "step_time": self.step_time}, indent=2))
+        self.history.record(event="cluster_start", backend="sim", learners=self.settings.learners)
+        self.syncer.start()
+        for n in self.links:
+            self._start_learner(n)
+        self._every_tick()
+        t0 = EPOCH_MONOTONIC + WARMUP
+        limit = int(MAX_ACTIONS_PER_SECOND * (self.duration + WARMUP + SETTLE + 30))
+        self.time.run_until(t0, limit)
+        self.history.record(event="heal", reason="start", did=[], ok=True)
+        self.history.record(event="begin", seed=self.seed, faults=len(self.schedule.faults), duration=self.duration,
+                            tolerance=0.001)
+        for index, fault in enumerate(self.schedule.faults):
+            self.time.at(t0 + fault.at, lambda i=index, f=fault: self._fault("start", i, f, t0))
+            if getattr(fault, "restart", True) is not False:
+                self.time.at(t0 + fault.at + fault.duration, lambda i=index, f=fault: self._fault("stop", i, f, t0))
+        self.time.run_until(t0 + self.duration, limit)
+        healed = self._heal_all()
+        self.history.record(event="heal", reason="end", did=healed, ok=True)
+        if healed:
+            self.time.run_until(self.time.now + SETTLE, limit)
+        self.history.record(event="end", errors=[])
+        for learner in list(self.learners.values()):
+            learner.finish()
+        self.time.run_until(self.time.now + 6.0, limit)
+        self.syncer.stop()
+        self.history.close()
+
+    def _every_tick(self) -> None:
+        self.syncer.tick()
+        self.time.after(TICK, self._every_tick)
+
+    def _start_learner(self, n: int) -> None:
+        self.lives[n] += 1
+        learner = SimLearner(self, n, self.lives[n])
+        self.learners[n] = learner
+        learner.start()
+
+    # ------------------------------------------------------------- faults
+    def _fault(self, action: str, index: int, fault, t0: float) -> None:
+        did = (self._start_fault if action == "start" else self._stop_fault)(fault)
+        self.history.record(event=action, index=index, kind=fault.kind, fault=describe_fault(fault),
+                            planned=fault.at if action == "start" else fault.at + fault.duration,
+                            at=round(self.time.now - t0, 4), took=0.0, did=did, ok=True, error=None)
+
+    def _start_fault(self, fault) -> str:
+        kind = fault.kind
+        if kind in ("kill", "power_loss"):
+            self._kill(fault.target, power_loss=kind == "power_loss")
+            return f"{'power loss of' if kind == 'power_loss' else 'SIGKILL'} {fault.target}"
+        if kind == "pause":
+            self._process(fault.target).pause()
+            return f"SIGSTOP {fault.target}"
+        if kind == "partition":
+            for target in fault.targets:
+                link = self.links[_learner(target)]
+                if fault.mode == "refuse":
+                    link.refusals += 1
+                    self._reset(_learner(target), "connection refused (proxy disabled)")
+                else:
+                    for s in streams(fault.direction):
+                        link.blackholes[s] += 1
+            return f"{fault.mode} {', '.join(fault.targets)} ({fault.direction})"
+        link = self.links[_learner(fault.target)]  # latency
+        for s in streams(fault.direction):
+            link.latency[s].append((fault.latency_ms, fault.jitter_ms))
+        return f"latency {fault.latency_ms:g} ms on {fault.target}"
+
+    def _stop_fault(self, fault) -> str:
+        kind = fault.kind
+        if kind in ("kill", "power_loss"):
+            self._restart(fault.target)
+            return f"restarted {fault.target}"
+        if kind == "pause":
+            self._process(fault.target).resume()
+            return f"SIGCONT {fault.target}"
+        if kind == "partition":
+            for target in fault.targets:
+                link = self.links[_learner(target)]
+                if fault.mode == "refuse":
+                    link.refusals -= 1
+                else:
+                    for s in streams(fault.direction):
+                        link.blackholes[s] -= 1
+            return f"healed {', '.join(fault.targets)}"
+        link = self.links[_learner(fault.target)]
+        for s in streams(fault.direction):
+            link.latency[s].remove((fault.latency_ms, fault.jitter_ms))
+        return f"removed latency on {fault.target}"
+
+    def _heal_all(self) -> list[str]:
+        """The final heal: every link clean, every paused process running, every process up."""
+        did = []
+        for link in self.links.values():
+            if link.refusals or any(link.blackholes.values()) or any(link.latency.values()):
+                link.refusals, link.blackholes, link.latency = 0, {UP: 0, DOWN: 0}, {UP: [], DOWN: []}
+                did.append(f"healed learner-{link.learner}")
+        if self.syncer.paused:
+            self.syncer.resume()
+            did.append("SIGCONT syncer")
+        for learner in self.learners.values():
+            if learner.paused:
+                learner.resume()
+                did.append(f"SIGCONT learner-{learner.n}")
+        for target in sorted(self.down):
+            self._restart(target)
+            did.append(f"restarted {target}")
+        return did
+
+    def _process(self, target: str):
+        return self.syncer if target == "syncer" else self.learners[_learner(target)]
+
+    def _kill(self, target: str, power_loss: bool = False) -> None:
+        self.down.add(target)
+        if target == "syncer":
+            self.syncer.kill(power_loss)
+            for n in sorted(set(self.open.values())):
+                self._reset(n, "connection reset (syncer killed)")
+            self.open.clear()
+            self.speakers.clear()
+        else:
+            self.learners[_learner(target)].kill()
+
+    def _restart(self, target: str) -> None:
+        if target not in self.down:
+            return
+        self.down.discard(target)
+        if target == "syncer":
+            self.syncer.start()
+        else:
+            self._start_learner(_learner(target))
+
+    def _reset(self, n: int, why: str) -> None:
+        """The learner's connection is reset: it hears so at once (an RST)."""
+        learner = self.learners.get(n)
+        if learner is not None and learner.conn is not None:
+            request = learner.in_flight
+            conn = learner.conn
+            self.open.pop(conn, None)
+            if request is not None:
+                learner.reply(request, None, why)
+            elif learner.alive:
+                learner._failed(why)
+
+    # ------------------------------------------------------------ network
+    def new_connection(self) -> int:
+        self._conns += 1
+        return self._conns
+
+    def send_up(self, learner: SimLearner, request: Request, message: wire.Message) -> None:
+        link = self.links[learner.n]
+        if link.refusing or not self.syncer.up:
+            self.time.after(2 * link.delay(UP), lambda: learner.reply(request, None, "connection refused"))
+            return
+        if request.kind == "hello":
+            self.open[request.conn] = learner.n
+        if not link.carries(UP):
+            return  # held by a blackhole: the request's deadline will pass
+        self.time.after(link.delay(UP), lambda: self._arrive(learner, request, message))
+
+    def _arrive(self, learner: SimLearner, request: Request, message: wire.Message) -> None:
+        if request.conn not in self.open:
+            return  # the connection is gone (reset, killed, superseded)
+        if not self.syncer.up:
+            self._down(learner, request, None, "connection reset")
+            return
+        self.syncer.run(lambda: self._serve(learner, request, message))
+
+    def _serve(self, learner: SimLearner, request: Request, message: wire.Message) -> None:
+        if request.conn not in self.open or self.syncer.syncer is None:
+            return
+        syncer = self.syncer.syncer
+        reply, speaker, closes = syncer.handle(to_frame(message), request.conn, self.speakers.get(request.conn),
+                                               peer=("sim", learner.n))
+        self.speakers[request.conn] = speaker
+        if closes is not None:
+            self.open.pop(request.conn, None)
+            syncer.connection_closed(request.conn, speaker, closes)
+        self._down(learner, request, to_frame(reply) if reply is not None else None, closes)
+
+    def _down(self, learner: SimLearner, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
+        link = self.links[learner.n]
+        if not link.carries(DOWN) and not link.refusing:
+            return  # the reply vanishes: the request's deadline will pass
+        self.time.after(link.delay(DOWN), lambda: learner.reply(request, frame, closes))
+
+    def closed_by_learner(self, n: int, conn: int, why: str) -> None:
+        """The learner closed `conn` (a deadline passed, it stopped or was killed): the
+        syncer sees the connection end."""
+        if self.open.pop(conn, None) is None:
+            return
+        speaker = self.speakers.pop(conn, None)
+        if self.syncer.syncer is not None:
+            self.syncer.run(lambda: self.syncer.syncer and self.syncer.syncer.connection_closed(conn, speaker, why))
+
+
+def _learner(target: str) -> int:
+    return int(target.split("-")[1].split("/")[0])
+
+
+def simulate(schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings()) -> World:
+    world = World(schedule, run_dir, settings)
+    world.run()
+    return world
