@@ -1,4 +1,4 @@
-"""CLI: `python -m chaos {run,replay,demo,validate,toxiproxy,report,stack,forward,load,simulate-goodput}`. `--help` on each."""
+"""CLI: `python -m chaos {run,replay,demo,validate,toxiproxy,report,stack,forward,load,sim,explore,simulate-goodput}`. `--help` on each."""
 from __future__ import annotations
 
 import argparse
@@ -215,13 +215,24 @@ def cmd_forward(argv: list[str]) -> int:
     return main(argv)
 
 
+def cmd_sim(argv: list[str]) -> int:
+    from .sim.cli import sim_main
+    return sim_main(argv)
+
+
+def cmd_explore(argv: list[str]) -> int:
+    from .sim.cli import explore_main
+    return explore_main(argv)
+
+
 def cmd_simulate_goodput(argv: list[str]) -> int:
     from .simulate.cli import main
     return main(argv)
 
 
 PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load,
-               "stack": cmd_stack, "forward": cmd_forward, "simulate-goodput": cmd_simulate_goodput}
+               "stack": cmd_stack, "forward": cmd_forward, "simulate-goodput": cmd_simulate_goodput,
+               "sim": cmd_sim, "explore": cmd_explore}
 
 
 REFERENCE_CHOICES = ("auto", "off")  # chaos/reference.py
@@ -314,6 +325,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(forward --help)")
     sub.add_parser("load", help="keep N busy processes on the CPUs for a while, to run something under a "
                                 "known load (load --help)")
+    sub.add_parser("sim", help="one schedule in the deterministic simulator: the real syncer on a virtual clock, "
+                               "network and disk (sim --help)")
+    sub.add_parser("explore", help="search schedules in the simulator, shrink the first failure (explore --help)")
     sub.add_parser("simulate-goodput", help="seeded goodput simulator: decoupled vs elastic and non-elastic "
                                             "data-parallel at scale, or a fault schedule (simulate-goodput --help)")
     return parser

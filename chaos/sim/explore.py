@@ -1,0 +1,227 @@
+"""Search for a failing schedule in the simulator, and shrink the first one found.
+
+Schedules are drawn by a seeded generator of the simulated vocabulary (schedule i of a
+seed is always the same schedule), run on both cores, judged by the checkers; the search
+stops at the first schedule (in draw order) that fails a check. Shrinking then looks for
+the smallest schedule that still fails one of the same checks: fewer faults first, then
+each one shorter, earlier and simpler, as Hypothesis and Jepsen shrink. The result says
+how to replay the shrunk schedule on a live cluster."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import shlex
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+from faults import Schedule
+from faults.schedule import ScheduleError
+
+from ..runner import evaluate_run
+from .world import SimSettings, simulate
+
+EXPLORED_KINDS = ("kill", "pause", "partition", "latency", "power_loss")
+MAX_SHRINK_RUNS = 300
+DRAW_ATTEMPTS = 50
+
+
+@dataclass(frozen=True)
+class Space:
+    """What is drawn: how many learners, faults and seconds, which kinds."""
+    learners: int = 2
+    max_faults: int = 3
+    horizon: float = 10.0
+    kinds: tuple[str, ...] = EXPLORED_KINDS
+    tail: float = 10.0
+
+
+@dataclass
+class Outcome:
+    failed: list[str]
+    details: dict[str, str] = field(default_factory=dict)
+
+
+def _tenths(x: float) -> float:
+    return round(round(x * 10) / 10, 1)
+
+
+def draw(seed: int, index: int, space: Space) -> Schedule:
+    """Schedule `index` of `seed`: faults drawn one by one, each kept only if the schedule
+    stays valid (the rules of faults/: no two faults on one thing at once, and so on)."""
+    rng = random.Random(f"{seed}:{index}")
+    learners = [f"learner-{n}" for n in range(1, space.learners + 1)]
+    faults: list[dict] = []
+    for _ in range(rng.randint(0, space.max_faults)):
+        for _attempt in range(DRAW_ATTEMPTS):
+            candidate = _draw_fault(rng, learners, space)
+            try:  # from_dict validates: overlaps, targets, bounds
+                Schedule.from_dict({"seed": index, "learners": space.learners, "faults": faults + [candidate]})
+            except ScheduleError:
+                continue
+            faults.append(candidate)
+            break
+    return Schedule.from_dict({"seed": rng.randrange(2 ** 31), "learners": space.learners, "faults": faults})
+
+
+def _draw_fault(rng: random.Random, learners: list[str], space: Space) -> dict:
+    kind = rng.choice(space.kinds)
+    duration = _tenths(rng.uniform(0.5, min(5.0, space.horizon)))
+    at = _tenths(rng.uniform(0.0, space.horizon - duration))
+    fault: dict = {"kind": kind, "at": at, "duration": duration}
+    if kind in ("kill", "pause"):
+        fault["target"] = rng.choice(learners + ["syncer"])
+    elif kind == "power_loss":
+        fault["target"] = "syncer"
+    elif kind == "partition":
+        fault["targets"] = sorted(rng.sample(learners, rng.randint(1, len(learners))))
+        fault["mode"] = rng.choice(("blackhole", "refuse"))
+        if fault["mode"] == "blackhole":
+            fault["direction"] = rng.choice(("both", "upstream", "downstream"))
+    else:  # latency
+        fault["target"] = rng.choice(learners)
+        fault["latency_ms"] = float(rng.choice((50, 300, 1000, 3000)))
+    return fault
+
+
+def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome:
+    """Simulate `schedule` and check it; the run directory is kept only at `keep`."""
+    where = Path(tempfile.mkdtemp(prefix="islands-sim-")) if keep is None else keep
+    run_dir = where / "run" if keep is None else keep
+    if keep is not None and keep.exists():
+        shutil.rmtree(keep)
+    try:
+        simulate(schedule, run_dir, SimSettings(learners=space.learners, duration=schedule.horizon + space.tail))
+        result = evaluate_run(run_dir, space.learners, None, "markov", True, None)
+        failed = [v.name for v in result.verdicts if v.status == "fail"]
+        return Outcome(failed, {v.name: v.detail for v in result.verdicts if v.status == "fail"})
+    finally:
+        if keep is None:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def _judge_index(args: tuple[int, int, Space]) -> tuple[int, list[str]]:
+    seed, index, space = args
+    return index, judge(draw(seed, index, space), space).failed
+
+
+def search(seed: int, count: int, space: Space, jobs: int) -> tuple[int, int | None]:
+    """(schedules run, the index of the first failing one or None), in draw order."""
+    tasks = ((seed, i, space) for i in range(count))
+    if jobs <= 1:
+        for i, (index, failed) in enumerate(map(_judge_index, tasks)):
+            if failed:
+                return i + 1, index
+        return count, None
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(jobs, initializer=_worker_init) as pool:
+        for i, (index, failed) in enumerate(pool.imap(_judge_index, tasks, chunksize=4)):
+            if failed:
+                pool.terminate()
+                return i + 1, index
+    return count, None
+
+
+def _worker_init() -> None:
+    import torch
+    torch.set_num_threads(1)
+
+
+def shrink(schedule: Schedule, failed: list[str], space: Space,
+           still_fails: Callable[[Schedule], bool] | None = None) -> tuple[Schedule, int]:
+    """The smallest schedule found that still fails one of `failed`; and the runs it took."""
+    runs = 0
+
+    def fails(candidate: Schedule) -> bool:
+        nonlocal runs
+        if runs >= MAX_SHRINK_RUNS:
+            return False
+        try:
+            candidate.validate(space.learners)
+        except ScheduleError:
+            return False
+        runs += 1
+        if still_fails is not None:
+            return still_fails(candidate)
+        return bool(set(judge(candidate, space).failed) & set(failed))
+
+    best = schedule
+    changed = True
+    while changed and runs < MAX_SHRINK_RUNS:
+        changed = False
+        for candidate in _smaller(best):
+            if fails(candidate):
+                best, changed = candidate, True
+                break
+    return best, runs
+
+
+def _smaller(schedule: Schedule) -> Iterator[Schedule]:
+    """Candidates one step simpler than `schedule`, the biggest steps first."""
+    faults = list(schedule.faults)
+    for i in range(len(faults)):
+        yield replace(schedule, faults=tuple(faults[:i] + faults[i + 1:]))
+    for i, f in enumerate(faults):
+        for change in _simpler(f):
+            yield replace(schedule, faults=tuple(faults[:i] + [change] + faults[i + 1:]))
+
+
+def _simpler(fault) -> Iterator:
+    if fault.duration > 0.5:
+        yield replace(fault, duration=max(0.5, _tenths(fault.duration / 2)))
+        yield replace(fault, duration=max(0.5, _tenths(fault.duration - 0.5)))
+    if fault.at > 0:
+        yield replace(fault, at=_tenths(fault.at / 2))
+        yield replace(fault, at=max(0.0, _tenths(fault.at - 0.5)))
+    if fault.kind == "partition":
+        if len(fault.targets) > 1:
+            for t in fault.targets:
+                yield replace(fault, targets=(t,))
+        if fault.mode != "blackhole":
+            yield replace(fault, mode="blackhole", direction="both")
+        elif fault.direction != "both":
+            yield replace(fault, direction="both")
+    if fault.kind == "latency" and fault.latency_ms > 50:
+        yield replace(fault, latency_ms=50.0)
+
+
+def live_command(schedule_file: Path, learners: int, defect: str | None) -> str:
+    env = f"ISLANDS_SYNCER_DEFECT={defect} " if defect else ""
+    return (f"{env}python -m chaos run {shlex.quote(str(schedule_file))} --learners {learners} --reference off")
+
+
+def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = None) -> dict:
+    """Search, shrink the first failure, write it under `out`; the report as one object."""
+    started = time.monotonic()
+    jobs = jobs or max(1, min(2, os.cpu_count() or 1))
+    ran, first = search(seed, count, space, jobs)
+    report: dict = {"schedules": ran, "violations": 0 if first is None else 1, "seed": seed, "jobs": jobs,
+                    "first_failure": None}
+    if first is not None:
+        original = draw(seed, first, space)
+        outcome = judge(original, space)
+        shrunk, runs = shrink(original, outcome.failed, space)
+        out.mkdir(parents=True, exist_ok=True)
+        run_dir = out / "first-failure"
+        final = judge(shrunk, space, keep=run_dir)
+        schedule_file = out / "first-failure.yaml"
+        shrunk.dump(schedule_file)
+        report["first_failure"] = {
+            "index": first, "schedule": shrunk.to_dict(), "faults": len(shrunk.faults),
+            "failed": final.failed, "details": final.details, "original": original.to_dict(),
+            "original_failed": outcome.failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
+            "run_dir": str(run_dir),
+            "live_command": live_command(schedule_file, space.learners, os.environ.get("ISLANDS_SYNCER_DEFECT")),
+        }
+    report["seconds"] = round(time.monotonic() - started, 2)
+    report["schedules_per_second"] = round(ran / max(report["seconds"], 1e-9), 2)
+    return report
+
+
+def dumps(report: dict) -> str:
+    return json.dumps(report, indent=2, default=str)
