@@ -19,6 +19,16 @@ DEFECTS = {
                        "cache): a SIGKILL loses nothing, a power loss loses acknowledged pushes",
     "double_apply": "never consults the ledger: a retried (learner, incarnation, seq) is accepted "
                     "and merged again",
+    # Recovery defects: each a part of the durable state a restart forgets (chaos explore
+    # finds each in the simulator within a few hundred schedules, tests/sim).
+    "forget_ledger": "restores Θ, versions and pending pushes after a restart but not the ledger of applied "
+                     "pushes: a push retried across the restart is accepted and merged again",
+    "forget_members": "does not restore its members after a restart: incarnation numbers start over, and a "
+                      "learner that reconnects is refused its own incarnation's pushes",
+    "drop_pending": "restores Θ and the ledger after a restart but not the pending pushes: every push "
+                    "acknowledged and not yet merged is lost",
+    "version_from_zero": "restores Θ after a restart but counts every fragment's versions from 0 again: "
+                         "versions go back",
     "merge_nothing": "merges as usual (versions, ledgers, events) but leaves the global parameters "
                      "as they were: the outer step is lost, so nothing the learners do is ever merged",
 }

@@ -86,7 +86,7 @@ class EventLog:
         self.process = process
         self.learner = learner
         self._monotonic = monotonic
-        self._wall = wall_clock
+        self.wall_clock = wall_clock
         self._pid = pid
         self._lock = threading.Lock()
         self._file = None
@@ -103,7 +103,7 @@ class EventLog:
     def emit(self, kind: str, **fields: Any) -> dict:
         record = {
             "t": self._monotonic(),
-            "wall": self._wall(),
+            "wall": self.wall_clock(),
             "process": self.process,
             "pid": os.getpid() if self._pid is None else self._pid,
             "learner": self.learner,

@@ -15,6 +15,7 @@ clock enters it, so a step of the wall clock in either direction changes nothing
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .clock import wall
 
@@ -70,8 +71,9 @@ class JoinResult:
 class Membership:
     """Not thread-safe on its own: the syncer calls it under its lock."""
 
-    def __init__(self, num_learners: int) -> None:
+    def __init__(self, num_learners: int, wall_clock: Callable[[], float] = wall) -> None:
         self.num_learners = num_learners
+        self.wall_clock = wall_clock  # for `since` alone, which people read
         self.members: dict[int, Member] = {}
         self.durable: dict[int, int] = {}  # learner → the incarnation last written to disk
 
@@ -87,7 +89,7 @@ class Membership:
         if not reconnect:
             m.incarnation += 1
             m.nonce = nonce
-            m.since, m.claimed, m.start = wall(), {}, m.position
+            m.since, m.claimed, m.start = self.wall_clock(), {}, m.position
             m.life, m.anchor = 0.0, now
         m.alive, m.last_seen, m.conn, m.busy, m.finished = True, now, conn, False, False
         return JoinResult(m.incarnation, rejoin, reconnect)

@@ -146,7 +146,7 @@ class Syncer:
         self.durability = GroupCommit(self.store.root, self.store.meta_path, lambda: self.cond,
                                       self._meta_document, self._meta_written, storage=self.store.storage,
                                       sync_data=self.defect != "ack_before_sync")
-        self.members = Membership(train.num_learners)
+        self.members = Membership(train.num_learners, self.events.wall_clock)
         self.counters: Counter[str] = Counter()
         # The task's model only holds Θ: the syncer never trains it (nor reads its data,
         # except the held-out set with --eval-data).
@@ -201,8 +201,9 @@ class Syncer:
                     f"({meta.get('fingerprint')}); use a fresh --state-dir")
             # Each incarnation's age goes on from where it was written, plus the time this
             # syncer was down by the boot clock (0 after a reboot or on another machine).
-            self.members.restore(meta.get("members", {}), self.monotonic(),
-                                 downtime_since(meta.get("clock"), self.stamp()))
+            if self.defect != "forget_members":
+                self.members.restore(meta.get("members", {}), self.monotonic(),
+                                     downtime_since(meta.get("clock"), self.stamp()))
             self.counters.update(meta.get("counters", {}))
         initial = {n: p.detach().clone() for n, p in model.named_parameters()}
         if self.train.mode == "sync":
@@ -230,14 +231,16 @@ class Syncer:
                 self.store.write_fragment(spec.index, params, momentum, 0, [])
                 frag = FragmentState(spec, params, momentum)
             else:
-                frag = FragmentState(spec, stored.params, stored.momentum, stored.version, stored.applied,
-                                     set(stored.applied), accum=stored.accum, accum_count=stored.accum_count,
+                applied = [] if self.defect == "forget_ledger" else stored.applied
+                version = 0 if self.defect == "version_from_zero" else stored.version
+                frag = FragmentState(spec, stored.params, stored.momentum, version, applied,
+                                     set(applied), accum=stored.accum, accum_count=stored.accum_count,
                                      tokens=stored.tokens, rounds=stored.rounds)
                 if frag.accum_count and self.cfg.staleness_policy != "delayed-nesterov":
                     # Those Δs were applied already (SGD steps); only their momentum share is lost.
                     self.counters["accumulators_discarded"] += 1
                     frag.accum, frag.accum_count = {}, 0
-            for path in self.store.pending_files(spec.index):
+            for path in self.store.pending_files(spec.index) if self.defect != "drop_pending" else ():
                 try:
                     push = self._load_pending(path)
                 except Exception as exc:  # noqa: BLE001 - an unreadable push must not stop recovery

@@ -169,7 +169,7 @@ class SimLearner:
         norm = _norm(tensors, names)
         expected = _distance(self.params, self.refs[f], names)
         with torch.no_grad():  # rebase: θ ← Θ + (θ − ref)
-            for name in names:
+            for name in names if self.world.learner_defect != "never_adopt" else ():
                 self.params[name].add_(tensors[name] - self.refs[f][name])
             self.refs[f] = {n: tensors[n].detach().clone() for n in names}
         self.book.adopt(f, version)
@@ -228,7 +228,8 @@ class SimLearner:
             return
         self.failures_in_a_row = 0
         self.connections += 1
-        self.incarnation = int(welcome.header["incarnation"])
+        if self.incarnation is None:  # the learner's own, for life (trainer/learner.py)
+            self.incarnation = int(welcome.header["incarnation"])
         self.events.emit("connect", address="sim", incarnation=self.incarnation, connections=self.connections,
                          wire_bytes=welcome.wire_bytes)
         if self.model is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from faults import Schedule
-from trainer import wire
+from trainer import defects, wire
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.task import load_task
 
@@ -91,6 +91,7 @@ class World:
         self.train = TrainConfig(task=SPEC, num_learners=settings.learners, sync_every=settings.sync_every,
                                  fragments=settings.fragments, seed=self.seed, batch_size=16,
                                  heartbeat_interval=0.2, heartbeat_timeout=1.0, request_timeout=5.0)
+        self.learner_defect = defects.learner_active()  # $ISLANDS_LEARNER_DEFECT, as live learners read it
         self.task = load_task(SPEC)      # checked, as the syncer loads it
         self.trainer = LinearTask()      # the learners' closed-form steps
         self.task_tokens = BATCH
@@ -318,3 +319,31 @@ def simulate(schedule: Schedule, run_dir: Path, settings: SimSettings = SimSetti
     world = World(schedule, run_dir, settings)
     world.run()
     return world
+
+
+def event_digest(run_dir: Path) -> str:
+    """SHA-256 of the run's event logs, file by file, with the run directory's own path
+    taken out (it appears in the syncer's configuration): one seed, one digest."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted((run_dir / "events").glob("*.jsonl")):
+        h.update(path.name.encode())
+        h.update(path.read_bytes().replace(str(run_dir).encode(), b"<run>"))
+    return h.hexdigest()
+
+
+def first_difference(a: Path, b: Path) -> str | None:
+    """Where two runs' event logs part: the file and line, both versions; None if identical."""
+    names = sorted({p.name for p in (a / "events").glob("*.jsonl")} | {p.name for p in (b / "events").glob("*.jsonl")})
+    for name in names:
+        left = (a / "events" / name).read_text().replace(str(a), "<run>").splitlines() \
+            if (a / "events" / name).exists() else []
+        right = (b / "events" / name).read_text().replace(str(b), "<run>").splitlines() \
+            if (b / "events" / name).exists() else []
+        for i, (x, y) in enumerate(zip(left, right)):
+            if x != y:
+                return f"{name} line {i + 1}:\n  {x[:300]}\n  {y[:300]}"
+        if len(left) != len(right):
+            return f"{name}: {len(left)} lines against {len(right)}"
+    return None
