@@ -80,7 +80,7 @@ class EventLog:
 
     def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None, *,
                  monotonic: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = wall,
-                 pid: int | None = None) -> None:
+                 pid: int | None = None, buffering: int = 1) -> None:
         """The clocks and pid are this process's unless a simulator hands in its own (its
         logs are then byte-identical from one run of a seed to the next)."""
         self.process = process
@@ -95,7 +95,9 @@ class EventLog:
         if run_dir is not None:
             path = Path(run_dir) / EVENTS_DIR / f"{process}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", encoding="utf-8", buffering=1)
+            # Line-buffered: a SIGKILLed process leaves every event it wrote. A simulator,
+            # whose processes die only on purpose, may buffer (-1) and close.
+            self._file = open(path, "a", encoding="utf-8", buffering=buffering)
             self.path: Path | None = path
         else:
             self.path = None
@@ -110,7 +112,10 @@ class EventLog:
             "kind": kind,
         }
         record.update(fields)
-        line = json.dumps(_clean(record), separators=(",", ":"))
+        try:  # the common case: nothing to clean (a NaN or Inf is rare, and refused here)
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            line = json.dumps(_clean(record), separators=(",", ":"))
         with self._lock:
             if self._file is not None:
                 self._file.write(line + "\n")

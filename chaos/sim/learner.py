@@ -51,7 +51,7 @@ class SimLearner:
         self.cfg = world.train
         self.rng = random.Random(world.seed * 7_919 + n * 104_729 + life)
         self.events = EventLog(world.run_dir, f"learner-{n}", learner=n, monotonic=self.time.monotonic,
-                               wall_clock=self.time.wall, pid=100 * n + life)
+                               wall_clock=self.time.wall, pid=100 * n + life, buffering=-1)
         self.nonce = f"{n:04x}{life:08x}{world.seed & 0xffffffff:08x}"
         self.step_time = world.step_time * (1.0 + 0.1 * self.rng.random())
         self.alive, self.paused, self.finishing, self.finished = True, False, False, False
@@ -115,7 +115,9 @@ class SimLearner:
         self.fragment_names = [list(names) for names in h["fragments"]]
         self.book = VersionBook.starting_at(list(h["versions"]))
         self.position = int(h["position"])
-        self.batches = task.batches(self.n - 1, self.cfg.num_learners, self.cfg.seed, skip=self.position)
+        # The raw task's numpy batches, for its closed-form steps (the syncer scores Θ through the checked task).
+        self.batches = self.world.trainer.batches(self.n - 1, self.cfg.num_learners, self.cfg.seed,
+                                                  start=self.position)
         self.refs = {f: {n: self.params[n].detach().clone() for n in names}
                      for f, names in enumerate(self.fragment_names)}
         self.globals = {f: {n: t.clone() for n, t in ref.items()} for f, ref in self.refs.items()}

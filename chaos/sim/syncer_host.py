@@ -48,7 +48,7 @@ class SyncerHost:
     def start(self) -> None:
         self.incarnation += 1
         events = EventLog(self.run_dir, "syncer", monotonic=self.time.monotonic, wall_clock=self.time.wall,
-                          pid=SYNCER_PID + self.incarnation)
+                          pid=SYNCER_PID + self.incarnation, buffering=-1)
         self.syncer = Syncer(self.cfg, self.train, SECRET, str(self.run_dir), storage=self.disk,
                              monotonic=self.time.monotonic, events=events, stamp=lambda: {"boot_id": "", "boottime": 0})
         self.syncer.start_stepped(ADDRESS)

@@ -33,7 +33,7 @@ class LinearTask:
         """Batch i of a shard is the same whatever `start`: a pool of POOL batches made once,
         walked from `start` (a minute of simulated training reads thousands)."""
         g = torch.Generator().manual_seed(seed * 1_000_003 + shard * 7919)
-        pool = [self._batch(g) for _ in range(POOL)]
+        pool = [tuple(t.numpy() for t in self._batch(g)) for _ in range(POOL)]
         i = start
         while True:
             yield pool[i % POOL]
@@ -42,17 +42,16 @@ class LinearTask:
     def sgd_step(self, params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> float:
         """One SGD step on the MSE, its gradient in closed form (no autograd: the simulator
         runs thousands a second); returns the loss before the step."""
-        x, y = batch
-        w, b = params["weight"], params["bias"]
-        with torch.no_grad():
-            err = x @ w[0] + b[0] - y
-            n = float(len(y))
-            w[0].sub_(x.T @ err, alpha=2.0 * lr / n)
-            b.sub_(err.sum(), alpha=2.0 * lr / n)
-            return float((err * err).mean())
+        x, y = batch  # numpy: the pool's batches
+        w, b = params["weight"].detach().numpy()[0], params["bias"].detach().numpy()  # views: updated in place
+        err = x @ w + b[0] - y
+        scale = 2.0 * lr / len(y)
+        w -= scale * (x.T @ err)
+        b -= scale * err.sum()
+        return float((err * err).mean())
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
+        x, y = (torch.as_tensor(t) for t in batch)
         return ((model(x).squeeze(-1) - y) ** 2).mean()
 
     def tokens(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:

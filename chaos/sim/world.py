@@ -29,7 +29,7 @@ from .task import BATCH, SPEC, LinearTask
 SUPPORTED = ("kill", "pause", "partition", "latency", "power_loss")
 PARTITION_MODES = ("blackhole", "refuse")
 WARMUP = 1.0            # s from the start until t0: every learner has joined and stepped
-TICK = 0.05             # the syncer's reaper and merge loop period
+TICK = 0.1              # the syncer's periodic tick (leases, grace windows); a push also ticks it
 SETTLE = 15.0           # after a final heal that undid something (chaos/controller.py)
 TAIL = 20.0             # the default duration past the schedule's horizon (chaos/runner.py)
 MAX_ACTIONS_PER_SECOND = 200_000
@@ -293,6 +293,8 @@ class World:
         if closes is not None:
             self.open.pop(request.conn, None)
             syncer.connection_closed(request.conn, speaker, closes)
+        if message.type == wire.PUSH:
+            self.syncer.tick()  # a push wakes the live merge loop (its condition is notified) at once
         self._down(learner, request, to_frame(reply) if reply is not None else None, closes)
 
     def _down(self, learner: SimLearner, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
