@@ -245,8 +245,13 @@ class SimLearner:
         self.connecting = False
         self._close(why, tell_syncer=True)
         self.failures_in_a_row += 1
-        delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (self.failures_in_a_row - 1)) + self.rng.uniform(0, 0.2)
-        self.time.after(delay, lambda: self._when_running(self._connect))
+        self.time.after(self._backoff(), lambda: self._when_running(self._connect))
+
+    def _backoff(self) -> float:
+        """Exponential from BACKOFF_INITIAL to BACKOFF_MAX, plus up to 0.2 s of jitter (the
+        live learner's tenacity wait), after `failures_in_a_row` failures."""
+        doublings = min(self.failures_in_a_row - 1, 16)
+        return min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** doublings) + self.rng.uniform(0, 0.2)
 
     def _close(self, why: str, tell_syncer: bool) -> None:
         conn, self.conn, self.in_flight = self.conn, None, None
@@ -335,7 +340,7 @@ class SimLearner:
             return
         if reason in {str(r) for r in RETRY_LATER_REASONS}:
             self.failures_in_a_row += 1
-            delay = min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** (self.failures_in_a_row - 1)) + self.rng.uniform(0, 0.2)
+            delay = self._backoff()
             self.retry_at = self.time.now + delay
             self.events.emit("push_deferred", reason=reason, detail=detail, retry_in=round(delay, 3),
                              fragment=item.fragment, seq=item.seq)

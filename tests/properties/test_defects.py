@@ -8,6 +8,11 @@ meet a request in flight is a race: the same 1 s partition reproduced double_app
 of 6 replays on an idle machine (the learner's request in flight was a push, not a pull
 or a heartbeat), so one replay alone would fail the suite now and then for no fault of
 the harness.
+
+Live, each search costs minutes; the simulator runs the same searches for every planted
+defect in seconds (tests/sim/test_defects_found.py: double_apply and the recovery defects
+among them). What stays live is this cross-check: one durability defect found and shrunk
+on real processes, its replay command reproducing it.
 """
 from __future__ import annotations
 
@@ -15,21 +20,19 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
 from faults import Schedule
-from faults.strategies import schedules
 
 from .support import Trial, run_trial, save_artifacts, suite_trainer_args
 from .test_syncer_crash import syncer_crashes
 
 pytestmark = [pytest.mark.property, pytest.mark.integration]
 ROOT = Path(__file__).resolve().parents[2]
-RUN_BUDGETS = {"ack_before_durable": 6, "double_apply": 12}  # live runs per search, shrinking included
+RUN_BUDGETS = {"ack_before_durable": 6}  # live runs per search, shrinking included
 REPLAY_ATTEMPTS = 3
 SMALL = 2  # the most faults a shrunk schedule may hold
 
@@ -40,31 +43,7 @@ CASES = {
     # the earliest moment allowed, and at 0.5 s a learner may not have had a push
     # acknowledged yet (the shrunk kill then failed in the search but not in the replays).
     "ack_before_durable": ("no_lost_acks", (), syncer_crashes(first_at_least=2.0)),
-    # Blackholes of the syncer -> learner stream: a push gets through, its acknowledgement
-    # vanishes, and the retry after the heal is merged again. Retries only reach the syncer
-    # if it does not drop them as stale first, hence the generous staleness bound. A
-    # learner has one request in flight, and a blackhole holds it until the heal; so the
-    # request it catches must be a push: pipelined pushes (one every H steps), and the
-    # learner heartbeats only on a quiet link (before that, the request caught was a
-    # heartbeat often enough that a 3.6 s blackhole of both links failed 1 search and then
-    # 3 replays in a row on a loaded 2-core machine). Faults start DEFECT_START s into
-    # training and last 2 s or more, so pushes are flowing when one starts. Blackholes only:
-    # a refused link loses an ack only if the close lands between the syncer's merge and
-    # its reply, and a latency toxic with toxicity 0.5 made a failure 3 replays missed.
-    "double_apply": ("no_double_apply", ("--max-staleness", "1000", "--push-window", "1000"),
-                     schedules(learners=2, kinds=("partition",), max_faults=3,
-                               horizon=6.0, min_duration=2.0, max_duration=4.0).map(lambda s: downstream_later(s))),
 }
-DEFECT_START = 2.0  # s after every learner's first step: pushes are flowing by then
-
-
-def downstream_later(schedule: Schedule) -> Schedule:
-    """The same partitions DEFECT_START s later, each a blackhole of the downstream stream
-    (syncer -> learner): a push sent in one gets through, its acknowledgement vanishes."""
-    faults = []
-    for f in schedule.faults:
-        faults.append(replace(f, at=round(f.at + DEFECT_START, 1), mode="blackhole", direction="downstream"))
-    return replace(schedule, faults=tuple(faults))
 
 
 def search(defect: str, check: str, trainer_args: list[str], strategy, base: Path) -> tuple[list[Trial], int]:

@@ -43,7 +43,3 @@ def test_explore_finds_the_defect_and_shrinks_it_to_two_faults_at_most(defect: s
     if env == defects.ENV:
         assert failure["live_command"] == live
 
-
-def test_a_sound_trainer_passes_the_same_searches(tmp_path: Path) -> None:
-    report = explore(max(budget for _, _, budget in CASES.values()), 1, Space(), tmp_path, jobs=2)
-    assert report["violations"] == 0, report["first_failure"]
