@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-
 from .support import Trial, run_trial, save_artifacts, suite_trainer_args
 from .test_syncer_crash import syncer_crashes
 
