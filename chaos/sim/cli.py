@@ -18,10 +18,14 @@ from .explore import EXPLORED_KINDS, Space, dumps, explore, live_command
 from .world import SimSettings, simulate, unsupported
 
 
+DEFECT_CHOICES = sorted({**defects.DEFECTS, **defects.LEARNER_DEFECTS})
+
+
 def _defect(name: str | None) -> None:
-    """--defect: the same planted defects the live harness has (trainer/defects.py)."""
+    """--defect: the same planted defects the live harness has (trainer/defects.py), in the
+    syncer or in the learners, by the same environment variables."""
     if name:
-        os.environ[defects.ENV] = name
+        os.environ[defects.LEARNER_ENV if name in defects.LEARNER_DEFECTS else defects.ENV] = name
 
 
 def sim_main(argv: list[str]) -> int:
@@ -38,8 +42,8 @@ def sim_main(argv: list[str]) -> int:
                    help="simulated seconds after t0 (default: the schedule's horizon + 20)")
     p.add_argument("--sync-every", type=positive_int, default=10, help="H: inner steps between pushes")
     p.add_argument("--step-time", type=positive_float, default=0.05, help="simulated seconds per inner step")
-    p.add_argument("--defect", choices=sorted(defects.DEFECTS), default=None,
-                   help="run the syncer with a planted defect (trainer/defects.py)")
+    p.add_argument("--defect", choices=DEFECT_CHOICES, default=None,
+                   help="run with a planted defect in the syncer or the learners (trainer/defects.py)")
     args = p.parse_args(argv)
     try:
         schedule = Schedule.load(args.schedule)
@@ -88,8 +92,11 @@ def explore_main(argv: list[str]) -> int:
     p.add_argument("--kinds", default=",".join(EXPLORED_KINDS), help="fault kinds to draw, comma-separated")
     p.add_argument("--jobs", type=positive_int, default=None, help="worker processes (default: up to 2 CPUs)")
     p.add_argument("--out", default=None, help="where the shrunk failure goes (default runs/explore-<timestamp>)")
-    p.add_argument("--defect", choices=sorted(defects.DEFECTS), default=None,
-                   help="search with a planted defect in the syncer (trainer/defects.py)")
+    p.add_argument("--defect", choices=DEFECT_CHOICES, default=None,
+                   help="search with a planted defect in the syncer or the learners (trainer/defects.py)")
+    p.add_argument("--backend", choices=("sim", "local"), default="sim",
+                   help="sim: the deterministic simulator; local: every schedule a live cluster of processes on "
+                        "this machine (30-60 s each, one at a time)")
     p.add_argument("--json", action="store_true", help="print one JSON object: schedules, violations, seconds, "
                                                        "first_failure")
     args = p.parse_args(argv)
@@ -100,7 +107,14 @@ def explore_main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     _defect(args.defect)
-    space = Space(learners=args.learners, max_faults=args.max_faults, horizon=args.horizon, kinds=kinds)
+    if args.backend == "local" and "power_loss" in kinds:
+        from ..backends.disk_layer import missing_requirements
+        if missing_requirements():
+            kinds = tuple(k for k in kinds if k != "power_loss")  # it needs the disk-fault layer
+            print(f"note: power_loss left out: the disk-fault layer needs {', '.join(missing_requirements())}",
+                  file=sys.stderr)
+    space = Space(learners=args.learners, max_faults=args.max_faults, horizon=args.horizon, kinds=kinds,
+                  backend=args.backend)
     out = Path(args.out or f"runs/explore-{datetime.now():%Y%m%d-%H%M%S}")
     report = explore(args.schedules, args.seed, space, out, args.jobs)
     if args.json:

@@ -23,11 +23,14 @@ from typing import Callable, Iterator
 from faults import Schedule
 from faults.schedule import ScheduleError
 
-from ..runner import evaluate_run
+from trainer import defects
+
+from ..runner import TAIL_SECONDS as TAIL
+from ..runner import evaluate_run, run_schedule
 from .world import SimSettings, simulate
 
 EXPLORED_KINDS = ("kill", "pause", "partition", "latency", "power_loss")
-MAX_SHRINK_RUNS = 300
+MAX_SHRINK_RUNS = {"sim": 300, "local": 12}  # a live shrink step costs a live run
 DRAW_ATTEMPTS = 50
 
 
@@ -39,6 +42,7 @@ class Space:
     horizon: float = 10.0
     kinds: tuple[str, ...] = EXPLORED_KINDS
     tail: float = 10.0
+    backend: str = "sim"    # or "local": every schedule a live cluster (the long randomised runs)
     # No fault starts before this: pushes are flowing by then, live as in the simulator, so
     # a shrunk failure replays on a live cluster (a kill before the first acknowledgement
     # tests nothing durable; tests/properties/test_defects.py learned it first).
@@ -93,15 +97,25 @@ def _draw_fault(rng: random.Random, learners: list[str], space: Space) -> dict:
     return fault
 
 
+# The live backend's small model (the suites' own): a live schedule costs 30-60 s.
+LIVE_TRAINER_ARGS = ("--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10")
+
+
 def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome:
-    """Simulate `schedule` and check it; the run directory is kept only at `keep`."""
+    """Run `schedule` (simulated, or live with backend "local") and check it; the run
+    directory is kept only at `keep`."""
     where = Path(tempfile.mkdtemp(prefix="islands-sim-")) if keep is None else keep
     run_dir = where / "run" if keep is None else keep
     if keep is not None and keep.exists():
         shutil.rmtree(keep)
     try:
-        simulate(schedule, run_dir, SimSettings(learners=space.learners, duration=schedule.horizon + space.tail))
-        result = evaluate_run(run_dir, space.learners, None, "markov", True, None)
+        if space.backend == "local":
+            defect = {k: v for k, v in os.environ.items() if k in (defects.ENV, defects.LEARNER_ENV)}
+            result = run_schedule(schedule, run_dir, learners=space.learners, trainer_args=LIVE_TRAINER_ARGS,
+                                  duration=schedule.horizon + max(space.tail, TAIL), reference="off", env=defect)
+        else:
+            simulate(schedule, run_dir, SimSettings(learners=space.learners, duration=schedule.horizon + space.tail))
+            result = evaluate_run(run_dir, space.learners, None, "markov", True, None)
         failed = [v.name for v in result.verdicts if v.status == "fail"]
         return Outcome(failed, {v.name: v.detail for v in result.verdicts if v.status == "fail"})
     finally:
@@ -143,7 +157,7 @@ def shrink(schedule: Schedule, failed: list[str], space: Space,
 
     def fails(candidate: Schedule) -> bool:
         nonlocal runs
-        if runs >= MAX_SHRINK_RUNS:
+        if runs >= MAX_SHRINK_RUNS[space.backend]:
             return False
         try:
             candidate.validate(space.learners)
@@ -156,7 +170,7 @@ def shrink(schedule: Schedule, failed: list[str], space: Space,
 
     best = schedule
     changed = True
-    while changed and runs < MAX_SHRINK_RUNS:
+    while changed and runs < MAX_SHRINK_RUNS[space.backend]:
         changed = False
         for candidate in _smaller(best, space.min_at):
             if fails(candidate):
@@ -195,16 +209,18 @@ def _simpler(fault, min_at: float) -> Iterator:
 
 
 def live_command(schedule_file: Path, learners: int, defect: str | None) -> str:
-    env = f"ISLANDS_SYNCER_DEFECT={defect} " if defect else ""
+    env = f"{defects.LEARNER_ENV if defect in defects.LEARNER_DEFECTS else defects.ENV}={defect} " if defect else ""
     return (f"{env}python -m chaos run {shlex.quote(str(schedule_file))} --learners {learners} --reference off")
 
 
 def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = None) -> dict:
     """Search, shrink the first failure, write it under `out`; the report as one object."""
     started = time.monotonic()
-    jobs = jobs or max(1, min(2, os.cpu_count() or 1))
+    # Live clusters take every core they can get: one at a time.
+    jobs = 1 if space.backend != "sim" else jobs or max(1, min(2, os.cpu_count() or 1))
     ran, first = search(seed, count, space, jobs)
     report: dict = {"schedules": ran, "violations": 0 if first is None else 1, "seed": seed, "jobs": jobs,
+                    "backend": space.backend,
                     "first_failure": None}
     if first is not None:
         original = draw(seed, first, space)
@@ -220,7 +236,8 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
             "failed": final.failed, "details": final.details, "original": original.to_dict(),
             "original_failed": outcome.failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
             "run_dir": str(run_dir),
-            "live_command": live_command(schedule_file, space.learners, os.environ.get("ISLANDS_SYNCER_DEFECT")),
+            "live_command": live_command(schedule_file, space.learners,
+                                         os.environ.get(defects.ENV) or os.environ.get(defects.LEARNER_ENV)),
         }
     report["seconds"] = round(time.monotonic() - started, 2)
     report["schedules_per_second"] = round(ran / max(report["seconds"], 1e-9), 2)

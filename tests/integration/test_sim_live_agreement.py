@@ -51,3 +51,12 @@ def test_a_schedule_the_simulator_passes_passes_live(tmp_path: Path) -> None:
     assert not simulated.failed, simulated.details
     live = run_schedule(schedule, tmp_path / "live", learners=space.learners, trainer_args=FAST, reference="off")
     assert live.passed, {v.name: v.detail for v in live.verdicts if v.status != "pass"}
+
+
+def test_explore_on_the_local_backend_runs_live_clusters(tmp_path: Path) -> None:
+    """`explore --backend local`: the same seeded draws, each a live cluster."""
+    os.environ.pop(defects.ENV, None)
+    space = Space(backend="local", max_faults=1, kinds=("kill", "pause"))
+    report = explore(1, 7, space, tmp_path, jobs=2)
+    assert report["backend"] == "local" and report["jobs"] == 1, report
+    assert report["schedules"] == 1 and report["violations"] == 0, report["first_failure"]
