@@ -42,6 +42,12 @@ LEARNER_IMPAIRING = NEMESES.impairing() | {EXIT}  # and a process that exited on
 # and late wait alone), and no learner held a superseded version for more than 26%.
 GAP_ROUNDS = 2.0      # progress: rounds without a merge while enough of the cluster is up
 HEAL_ROUNDS = 3.0     # self_heal / rejoined: rounds after a heal (and any restart) to a merged push
+# A merge of a learner's push costs it this many round trips on its link: the push, the
+# request that hears of the merge, the pull of the merged version. A latency toxic adds its
+# delay to each, so while every learner that keeps a run going is slowed, progress may lag
+# by that much more (the simulator's schedule property found a 1.6 s latency on the only
+# learner left, merges every 9.6 s, judged by a 4.9 s allowance).
+MERGE_ROUND_TRIPS = 3
 BEHIND_ROUNDS = 3.0   # converged: rounds a learner may hold a superseded version at its stop
 # final_loss against a fault-free reference at equal merged tokens: the largest deviation
 # of a fault-free run's loss from another's best by the same tokens, past 100k merged
@@ -259,14 +265,35 @@ def check_faults_applied(view: RunView, tolerance: float | None = None) -> Verdi
                    f"{later}", evidence)
 
 
+def link_delays(view: RunView) -> dict[str, list[tuple[float, float, float]]]:
+    """Per learner link: (start, stop, seconds a latency toxic adds to each round trip)."""
+    params = {h["index"]: h.get("fault") or {} for h in view.history if h.get("event") == "start" and h.get("ok")}
+    out: dict[str, list[tuple[float, float, float]]] = {}
+    for w in view.windows():
+        if w.kind != "latency":
+            continue
+        fault = params.get(w.index, {})
+        one_way = (float(fault.get("latency_ms", 0.0)) + float(fault.get("jitter_ms", 0.0))) / 1000.0
+        ways = 2 if fault.get("direction", "both") == "both" else 1
+        for target in w.targets:
+            out.setdefault(target, []).append((w.start, w.stop, one_way * ways))
+    return out
+
+
+def _delay(t: float, windows: list[tuple[float, float, float]]) -> float:
+    return sum(d for a, b, d in windows if a <= t <= b)
+
+
 def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
                    recovery: float | None = None) -> Verdict:
     """While the syncer and >= quorum learners are unimpaired, progress comes at least every
     max_gap s. By default max_gap is on the run's own clock: the syncer's late-merge wait,
     a heartbeat timeout (a dead learner still counts towards quorum until its lease
     expires) and GAP_ROUNDS measured round periods; a fault's target counts as impaired
-    until its recovery (a cold start if it was killed, then a reconnect) is over.
-    Explicit numbers replace either."""
+    until its recovery (a cold start if it was killed, then a reconnect) is over. While
+    every learner up is slowed by a latency toxic, a stretch may also take MERGE_ROUND_TRIPS
+    times the least of their added round-trip delays (a given max_gap too: it is the
+    fault's own cost). Explicit numbers replace either."""
     times = view.progress_times()
     if not times:
         merges = sum(1 for e in view.events if e["kind"] == "merge")
@@ -282,6 +309,7 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
         max_gap = round(sum(allowance.values()), 2)
     how = "given" if given else f"{GAP_ROUNDS:g} rounds of {pace.round_period:.2f}s + fixed waits"
     impaired = impaired_intervals(view, recovery)
+    delays = link_delays(view)
     learners = view.learners()
     step = 0.25
     violations = []
@@ -289,16 +317,20 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
     warmup = recovery if recovery is not None else pace.reconnect("") + pace.round_period
     marks = [view.t0 + warmup] + [t for t in times if t > view.t0 + warmup] + [view.end]
     for a, b in zip(marks, marks[1:]):
-        healthy = 0.0
+        healthy = slowed = 0.0
         t = a
         while t < b:
             ok_syncer = not _covered(t, impaired.get("syncer", []))
-            up = sum(1 for i in learners if not _covered(t, impaired.get(f"learner-{i}", [])))
-            if ok_syncer and up >= quorum:
+            up = [i for i in learners if not _covered(t, impaired.get(f"learner-{i}", []))]
+            if ok_syncer and len(up) >= quorum:
                 healthy += step
+                if delays:
+                    slowed = max(slowed, min(_delay(t, delays.get(f"learner-{i}", [])) for i in up) if up else 0.0)
             t += step
-        if healthy > max_gap:
-            violations.append({"from": view.rel(a), "to": view.rel(b), "healthy_seconds": round(healthy, 2)})
+        allowed = max_gap + MERGE_ROUND_TRIPS * slowed
+        if healthy > allowed:
+            violations.append({"from": view.rel(a), "to": view.rel(b), "healthy_seconds": round(healthy, 2),
+                               **({"allowed_with_latency": round(allowed, 2)} if slowed else {})})
     evidence = {"progress_events": len(times), "max_gap": max_gap, "violations": violations,
                 "first": view.rel(times[0]), "last": view.rel(times[-1]), "pace": pace.to_dict(),
                 "max_gap_from": "given" if given else allowance}

@@ -505,6 +505,24 @@ def test_progress_is_not_excused_by_a_link_fault_or_a_failed_start():
     assert check_progress(view(events, lat), max_gap=20.0).status == FAIL
 
 
+
+def test_progress_allows_a_latency_on_every_learner_up_its_round_trips_and_no_more():
+    """The only learner left (1 and 2 killed for good) under a 1.6 s latency each way: a
+    merge costs it 3 round trips of 3.2 s more. A 9.6 s gap in that window passes; the same
+    gap without the latency fails, and so does a gap past the allowance."""
+    gone = {1: [(0.0, 200.0)], 2: [(0.0, 200.0)]}
+    slow = training(80.0, learners=(1, 2, 3), absent={**gone, 3: [(30.0, 39.6)]})
+    stalled = training(80.0, learners=(1, 2, 3), absent={**gone, 3: [(30.0, 60.0)]})
+    kills = [kill("learner-1", 0.0, 1.0, restart=False), kill("learner-2", 0.0, 1.0, restart=False)]
+    lat = {"kind": "latency", "at": 25.0, "duration": 20.0, "target": "learner-3", "latency_ms": 1600}
+    with_latency = history_for(kills + [lat], duration=80.0)
+    without = history_for(kills, duration=80.0)
+    assert check_progress(view(slow, with_latency), max_gap=5.0).status == PASS
+    assert check_progress(view(slow, without), max_gap=5.0).status == FAIL
+    verdict = check_progress(view(stalled, with_latency), max_gap=5.0)
+    assert verdict.status == FAIL
+    assert verdict.evidence["violations"][0]["allowed_with_latency"] == pytest.approx(5.0 + 3 * 3.2)
+
 def test_progress_ignores_the_start_up_recovery():
     """The first `recovery` seconds after `begin` are not judged: a first merge at 25 s is fine, at 35 s not."""
     assert check_progress(view(training(60.0, start=25.0)), max_gap=20.0, recovery=10.0).status == PASS
