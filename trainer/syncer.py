@@ -625,6 +625,11 @@ class Syncer:
     def _versions(self) -> list[int]:
         return [f.version for f in self.frags]
 
+    def versions(self) -> list[int]:
+        """Every fragment's version, under the lock: what a long poll waits on."""
+        with self.cond:
+            return self._versions()
+
     # ----------------------------------------------------------------- handlers
     def _on_hello(self, frame: wire.Frame, conn_id: int) -> wire.Message:
         h = frame.header

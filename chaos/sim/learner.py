@@ -20,6 +20,8 @@ from trainer.adoption import VersionBook
 from trainer.codec import decode, encode
 from trainer.events import EventLog
 from trainer.fragments import FragmentClock
+from trainer.learner import POLL_FLOOR_MS
+from trainer.protocol import MAX_POLL_MS
 from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
 from trainer.pushes import OutgoingPush, PushQueue
 
@@ -281,12 +283,23 @@ class SimLearner:
             self._stop()
             return
         due = self.last_sent + self.cfg.heartbeat_interval
-        if self.time.now >= due:
-            self._send("heartbeat", wire.message(wire.HEARTBEAT, {}), lambda r: self._note_versions(
+        known = self.book.awaited()
+        if known is not None or self.time.now >= due:
+            # Awaiting a merge: a long poll, answered once a version passes the ones known
+            # (the live learner's; the world holds it, chaos/sim/world.py).
+            poll = {"wait_ms": self._poll_ms(), "versions": known} if known else {}
+            self._send("heartbeat", wire.message(wire.HEARTBEAT, poll), lambda r: self._note_versions(
                 r.header.get("versions")))
         else:
             self.time.at(min(due, self.retry_at) if self.retry_at > self.time.now else due,
                          lambda: self._when_running(self._pump))
+
+    def _poll_ms(self) -> int:
+        """trainer/learner.py's: a heartbeat interval, no longer than until the next push falls
+        due, at least POLL_FLOOR_MS, at most MAX_POLL_MS and half a request timeout."""
+        cfg = self.cfg
+        seconds = min(cfg.heartbeat_interval, cfg.request_timeout / 2, cfg.sync_every / cfg.fragments * self.step_time)
+        return int(min(MAX_POLL_MS, max(POLL_FLOOR_MS, seconds * 1000)))
 
     def _send(self, kind: str, message: wire.Message, on_reply: Callable[[wire.Frame], None]) -> None:
         self.requests += 1

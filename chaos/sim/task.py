@@ -44,11 +44,12 @@ class LinearTask:
         runs thousands a second); returns the loss before the step."""
         x, y = batch  # numpy: the pool's batches
         w, b = params["weight"].detach().numpy()[0], params["bias"].detach().numpy()  # views: updated in place
-        err = x @ w + b[0] - y
-        scale = 2.0 * lr / len(y)
-        w -= scale * (x.T @ err)
-        b -= scale * err.sum()
-        return float((err * err).mean())
+        err = x @ w
+        err += b[0] - y
+        n = len(y)
+        w -= (2.0 * lr / n) * (err @ x)
+        b -= (2.0 * lr / n) * err.sum()
+        return float(err @ err) / n
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = (torch.as_tensor(t) for t in batch)

@@ -17,6 +17,7 @@ import torch
 from faults import Schedule
 from trainer import defects, wire
 from trainer.config import SyncerConfig, TrainConfig
+from trainer.protocol import MAX_POLL_MS
 from trainer.task import load_task
 
 from ..controller import HISTORY_FILE, describe_fault
@@ -104,6 +105,7 @@ class World:
         self.learners: dict[int, SimLearner] = {}
         self.down: set[str] = set()
         self.open: dict[int, int] = {}           # connection -> learner
+        self.polls: list[tuple] = []             # long polls held: (learner, request, frame, known, deadline)
         self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
         self._conns = 0
         self.history = History(run_dir / HISTORY_FILE, self.time)
@@ -145,6 +147,7 @@ class World:
 
     def _every_tick(self) -> None:
         self.syncer.tick()
+        self._answer_polls()
         self.time.after(TICK, self._every_tick)
 
     def _start_learner(self, n: int) -> None:
@@ -287,15 +290,50 @@ class World:
         if request.conn not in self.open or self.syncer.syncer is None:
             return
         syncer = self.syncer.syncer
-        reply, speaker, closes = syncer.handle(to_frame(message), request.conn, self.speakers.get(request.conn),
+        frame = to_frame(message)
+        if frame.type == wire.HEARTBEAT and "wait_ms" in frame.header:
+            self._long_poll(learner, request, frame)
+            return
+        self._serve_frame(learner, request, frame)
+
+    def _serve_frame(self, learner: SimLearner, request: Request, frame: wire.Frame) -> None:
+        syncer = self.syncer.syncer
+        reply, speaker, closes = syncer.handle(frame, request.conn, self.speakers.get(request.conn),
                                                peer=("sim", learner.n))
         self.speakers[request.conn] = speaker
         if closes is not None:
             self.open.pop(request.conn, None)
             syncer.connection_closed(request.conn, speaker, closes)
-        if message.type == wire.PUSH:
+        if frame.type == wire.PUSH:
             self.syncer.tick()  # a push wakes the live merge loop (its condition is notified) at once
+            self._answer_polls()
         self._down(learner, request, to_frame(reply) if reply is not None else None, closes)
+
+    def _long_poll(self, learner: SimLearner, request: Request, frame: wire.Frame) -> None:
+        """A heartbeat that waits until a version passes the ones it knows, or `wait_ms`: the
+        live syncer's handler waits on its condition; here the world holds the request and
+        the handler answers it, as a plain heartbeat, when it is due (one thread cannot wait)."""
+        known = frame.header.get("versions") or []
+        deadline = self.time.now + min(MAX_POLL_MS, int(frame.header.get("wait_ms", 0))) / 1000
+        plain = wire.Frame(frame.type, {k: v for k, v in frame.header.items() if k not in ("wait_ms", "versions")},
+                           frame.payload)
+        poll = (learner, request, plain, known, deadline)
+        self.polls.append(poll)
+        self.time.at(deadline, lambda: self._answer_polls(timed_out=poll))
+        self._answer_polls()
+
+    def _answer_polls(self, timed_out: tuple | None = None) -> None:
+        """Answer every held poll whose versions were passed (or whose time is up)."""
+        if not self.polls or self.syncer.syncer is None or self.syncer.paused:
+            return
+        versions = self.syncer.syncer.versions()
+        due = [p for p in self.polls
+               if p is timed_out or p[4] <= self.time.now or any(v > k for v, k in zip(versions, p[3]))]
+        for poll in due:
+            self.polls.remove(poll)
+            learner, request, plain, _, _ = poll
+            if request.conn in self.open:
+                self._serve_frame(learner, request, plain)
 
     def _down(self, learner: SimLearner, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
         link = self.links[learner.n]
