@@ -24,6 +24,7 @@ import errno as errnos
 import hashlib
 import random
 import threading
+from functools import lru_cache
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Iterable
@@ -34,8 +35,16 @@ MUTATING = ("create", "fsync", "sync_files", "rename", "fsync_dir", "unlink", "m
 SYNCS = ("fsync", "sync_files", "fsync_dir")
 
 
+@lru_cache(maxsize=1 << 16)
 def _key(path: Path | str) -> PurePosixPath:
     return PurePosixPath(str(path))
+
+
+@lru_cache(maxsize=1 << 16)
+def _parent(path: PurePosixPath) -> PurePosixPath:
+    """A name's directory: every sync of a directory asks it of every name (a simulated run
+    makes tens of thousands of these calls)."""
+    return path.parent
 
 
 @dataclass(frozen=True)
@@ -226,20 +235,20 @@ class SimDisk(Storage):
             self._tick("fsync_dir", path)
             self._need_dir(key)
             changed = False
-            for name in [n for n in self._durable_names if n.parent == key]:
+            for name in [n for n in self._durable_names if _parent(n) == key]:
                 if self._names.get(name) != self._durable_names[name]:
                     del self._durable_names[name]
                     changed = True
             for name, ino in self._names.items():
-                if name.parent == key and self._durable_names.get(name) != ino:
+                if _parent(name) == key and self._durable_names.get(name) != ino:
                     self._durable_names[name] = ino
                     changed = True
             for d in list(self._durable_dirs):
-                if d.parent == key and d != key and d not in self._dirs:
+                if _parent(d) == key and d != key and d not in self._dirs:
                     self._durable_dirs.discard(d)
                     changed = True
             for d in self._dirs:
-                if d.parent == key and d != key and d not in self._durable_dirs:
+                if _parent(d) == key and d != key and d not in self._durable_dirs:
                     self._durable_dirs.add(d)
                     changed = True
             if changed:
@@ -274,8 +283,8 @@ class SimDisk(Storage):
     def listdir(self, path: Path) -> list[str]:
         key = _key(path)
         with self.lock:
-            names = {n.name for n in self._names if n.parent == key}
-            names |= {d.name for d in self._dirs if d.parent == key and d != key}
+            names = {n.name for n in self._names if _parent(n) == key}
+            names |= {d.name for d in self._dirs if _parent(d) == key and d != key}
             return sorted(names)
 
     def is_dir(self, path: Path) -> bool:
