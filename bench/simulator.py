@@ -17,7 +17,7 @@ BENCHMARKS.md ("Simulator") has the table.
 """
 from __future__ import annotations
 
-import argparse
+import inspect
 import json
 import multiprocessing
 import os
@@ -58,12 +58,15 @@ def run(seed: int, count: int, space: Space, jobs: int) -> tuple[list[dict], flo
 
 
 def executable_lines(path: Path) -> set[int]:
+    """The lines of the file's functions that hold code (module and class bodies run at
+    import, before any tracing, and are left out; so is each function's `def` line)."""
     code = compile(path.read_text(), str(path), "exec")
     lines: set[int] = set()
     stack = [code]
     while stack:
         c = stack.pop()
-        lines.update(line for _, _, line in c.co_lines() if line is not None)
+        if c.co_flags & inspect.CO_NEWLOCALS:  # a function, lambda or comprehension
+            lines.update(line for _, _, line in c.co_lines() if line is not None and line != c.co_firstlineno)
         stack.extend(k for k in c.co_consts if hasattr(k, "co_lines"))
     return lines
 
