@@ -25,6 +25,7 @@ from trainer.protocol import MAX_POLL_MS
 from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
 from trainer.pushes import OutgoingPush, PushQueue
 
+from .loop import Stoppable
 from .syncer_host import to_frame
 
 if TYPE_CHECKING:
@@ -43,10 +44,11 @@ class Request:
     on_reply: Callable[[wire.Frame], None]
 
 
-class SimLearner:
+class SimLearner(Stoppable):
     """One incarnation of learner `n`: a kill ends it, a restart makes the next."""
 
     def __init__(self, world: "World", n: int, life: int) -> None:
+        super().__init__()
         self.world = world
         self.n = n
         self.time = world.time
@@ -56,7 +58,7 @@ class SimLearner:
                                wall_clock=self.time.wall, pid=100 * n + life, buffering=-1)
         self.nonce = f"{n:04x}{life:08x}{world.seed & 0xffffffff:08x}"
         self.step_time = world.step_time * (1.0 + 0.1 * self.rng.random())
-        self.alive, self.paused, self.finishing, self.finished = True, False, False, False
+        self.alive, self.finishing, self.finished = True, False, False
         self.incarnation: int | None = None
         self.book: VersionBook | None = None
         self.queue = PushQueue(self.cfg.max_unsent_pushes)
@@ -71,7 +73,6 @@ class SimLearner:
         self.step = 0
         self.seq = 0
         self.model: torch.nn.Module | None = None
-        self._held: list[Callable[[], None]] = []
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -83,25 +84,14 @@ class SimLearner:
         self._close("killed", tell_syncer=True)
         self.events.close()
 
-    def pause(self) -> None:
-        self.paused = True
+    def running(self) -> bool:
+        return self.alive
 
     def resume(self) -> None:
-        self.paused = False
-        held, self._held = self._held, []
-        for action in held:
-            action()
+        super().resume()
         if self.model is not None and not self.finishing:
             self.time.after(0.0, self._step)
         self._pump()
-
-    def _when_running(self, action: Callable[[], None]) -> None:
-        if not self.alive:
-            return
-        if self.paused:
-            self._held.append(action)
-        else:
-            action()
 
     # ----------------------------------------------------------- training
     def _setup(self, welcome: wire.Frame) -> None:
@@ -247,7 +237,7 @@ class SimLearner:
         self.connecting = False
         self._close(why, tell_syncer=True)
         self.failures_in_a_row += 1
-        self.time.after(self._backoff(), lambda: self._when_running(self._connect))
+        self.time.after(self._backoff(), lambda: self.when_running(self._connect))
 
     def _backoff(self) -> float:
         """Exponential from BACKOFF_INITIAL to BACKOFF_MAX, plus up to 0.2 s of jitter (the
@@ -292,7 +282,7 @@ class SimLearner:
                 r.header.get("versions")))
         else:
             self.time.at(min(due, self.retry_at) if self.retry_at > self.time.now else due,
-                         lambda: self._when_running(self._pump))
+                         lambda: self.when_running(self._pump))
 
     def _poll_ms(self) -> int:
         """trainer/learner.py's: a heartbeat interval, no longer than until the next push falls
@@ -312,13 +302,13 @@ class SimLearner:
     def _timed_out(self, request: Request) -> None:
         if self.in_flight is request and self.alive:
             if self.paused:  # a stopped process's deadline passes when it runs again
-                self._held.append(lambda: self._timed_out(request))
+                self.when_running(lambda: self._timed_out(request))
                 return
             self._failed(f"{request.kind}: no reply within {self.cfg.request_timeout:g} s")
 
     def reply(self, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
         """The answer to `request` reached this learner (None: the connection was reset)."""
-        self._when_running(lambda: self._on_reply(request, frame, closes))
+        self.when_running(lambda: self._on_reply(request, frame, closes))
 
     def _on_reply(self, request: Request, frame: wire.Frame | None, closes: str | None) -> None:
         if self.in_flight is not request:

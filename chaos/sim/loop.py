@@ -43,3 +43,39 @@ class VirtualTime:
                 raise RuntimeError(f"simulation: more than {max_actions} actions by t={when:.3f}: a livelock")
             action()
         self.now = max(self.now, end)
+
+
+class Stoppable:
+    """A process a SIGSTOP can hold: what reaches it while paused waits, in order, and runs
+    when it is resumed, for as long as `running()` says it still exists."""
+
+    def __init__(self) -> None:
+        self.paused = False
+        self._held: list[Callable[[], None]] = []
+
+    def running(self) -> bool:
+        return True
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        held, self._held = self._held, []
+        for action in held:
+            if not self.running():
+                return
+            action()
+
+    def when_running(self, action: Callable[[], None]) -> None:
+        """Run `action` now, or when resumed; never once the process is gone."""
+        if not self.running():
+            return
+        if self.paused:
+            self._held.append(action)
+        else:
+            action()
+
+    def forget_held(self) -> None:
+        self.paused = False
+        self._held.clear()

@@ -16,7 +16,7 @@ from trainer.events import EventLog
 from trainer.simdisk import SimDisk
 from trainer.syncer import Syncer
 
-from .loop import VirtualTime
+from .loop import Stoppable, VirtualTime
 
 SECRET = b"islands-simulation-secret-000000"
 ADDRESS = ("sim", 1)
@@ -29,17 +29,16 @@ def to_frame(message: wire.Message) -> wire.Frame:
     return wire.Frame(message.type, wire.parse_header(message.head), message.payload)
 
 
-class SyncerHost:
+class SyncerHost(Stoppable):
     def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path) -> None:
+        super().__init__()
         self.time = time
         self.cfg = cfg
         self.train = train
         self.run_dir = run_dir
         self.disk = SimDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
         self.syncer: Syncer | None = None
-        self.paused = False
         self.incarnation = 0
-        self._held: list[Callable[[], None]] = []  # what reached it while paused, in order
 
     @property
     def up(self) -> bool:
@@ -58,8 +57,7 @@ class SyncerHost:
         if self.syncer is not None:
             self.syncer.events.close()
             self.syncer = None
-        self.paused = False
-        self._held.clear()
+        self.forget_held()
         if power_loss:
             self.disk = self.disk.crash()
 
@@ -68,25 +66,12 @@ class SyncerHost:
             self.syncer.stop("end of the simulated run")
             self.syncer = None
 
-    def pause(self) -> None:
-        self.paused = True
-
-    def resume(self) -> None:
-        self.paused = False
-        held, self._held = self._held, []
-        for action in held:
-            if self.syncer is None:
-                return
-            action()
+    def running(self) -> bool:
+        return self.syncer is not None
 
     def run(self, action: Callable[[], None]) -> None:
         """Run `action` on the syncer now, or when it is resumed."""
-        if self.syncer is None:
-            return
-        if self.paused:
-            self._held.append(action)
-        else:
-            action()
+        self.when_running(action)
 
     def tick(self) -> None:
         if self.syncer is not None and not self.paused:
