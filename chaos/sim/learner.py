@@ -26,7 +26,6 @@ from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
 from trainer.pushes import OutgoingPush, PushQueue
 
 from .loop import Stoppable
-from .syncer_host import to_frame
 
 if TYPE_CHECKING:
     from .world import World

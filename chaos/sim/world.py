@@ -289,7 +289,6 @@ class World:
     def _serve(self, learner: SimLearner, request: Request, message: wire.Message) -> None:
         if request.conn not in self.open or self.syncer.syncer is None:
             return
-        syncer = self.syncer.syncer
         frame = to_frame(message)
         if frame.type == wire.HEARTBEAT and "wait_ms" in frame.header:
             self._long_poll(learner, request, frame)
