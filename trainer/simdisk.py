@@ -24,8 +24,8 @@ import errno as errnos
 import hashlib
 import random
 import threading
-from functools import lru_cache
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Iterable
 

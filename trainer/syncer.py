@@ -21,9 +21,9 @@ import threading
 import time
 import traceback
 from collections import Counter
-from typing import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -500,7 +500,9 @@ class Syncer:
         channel: wire.Channel | None = None
         reason = "closed"
         try:
-            deadline = self.monotonic() + self.cfg.handshake_timeout
+            # Socket deadlines are on the wire's clock (time.monotonic), never self.monotonic:
+            # this thread is the I/O shell a simulator does not run.
+            deadline = time.monotonic() + self.cfg.handshake_timeout
             try:
                 channel = wire.Channel(sock, wire.server_handshake(sock, self.secret, deadline))
             except wire.DeadlineExceeded as exc:
@@ -513,9 +515,7 @@ class Syncer:
                     if frame.type == FrameType.HELLO:
                         self._check_identity(frame, channel)
                 except ProtocolError as exc:
-                    reply, closes = self.refusal(exc, learner, peer), not isinstance(exc.reason, Reason) \
-                        or exc.reason.closes_connection
-                    closes = f"refused: {exc.reason}" if closes else None
+                    reply, closes = self.refusal(exc, learner, peer), _close_reason(exc)
                 else:
                     reply, learner, closes = self.handle(frame, conn_id, learner, peer, sock)
                 if reply is not None:
@@ -523,7 +523,7 @@ class Syncer:
                 if closes is not None:
                     reason = closes
                     break
-                frame = channel.recv(self.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
+                frame = channel.recv(time.monotonic() + self.cfg.idle_timeout, self.cfg.max_payload)
         except wire.PeerClosed:
             reason = "peer closed"
         except ProtocolError as exc:
@@ -551,8 +551,7 @@ class Syncer:
         try:
             reply, learner = self._dispatch(frame, conn_id, learner, sock)
         except ProtocolError as exc:
-            closes = not isinstance(exc.reason, Reason) or exc.reason.closes_connection
-            return self.refusal(exc, learner, peer), learner, f"refused: {exc.reason}" if closes else None
+            return self.refusal(exc, learner, peer), learner, _close_reason(exc)
         if reply is None:  # superseded by a newer connection of the same learner
             return None, learner, "superseded"
         return reply, learner, "bye" if frame.type == FrameType.BYE else None
@@ -587,7 +586,7 @@ class Syncer:
     def _send_reply(self, channel: wire.Channel, reply: wire.Message, within: float) -> None:
         """Send `reply`; an ERROR whose peer is gone is not worth an exception."""
         try:
-            self.counters["bytes_out"] += channel.send(reply, self.monotonic() + within)
+            self.counters["bytes_out"] += channel.send(reply, time.monotonic() + within)
         except (OSError, wire.DeadlineExceeded):
             if reply.type != FrameType.ERROR:
                 raise
@@ -1214,6 +1213,13 @@ def _relative_change(before: dict[str, torch.Tensor], after: dict[str, torch.Ten
         norm = sum(float(torch.linalg.vector_norm(before[n])) ** 2 for n in before) ** 0.5
     value = diff / norm if norm > 0 else diff
     return float(f"{value:.7g}") if value == value else value
+
+
+def _close_reason(exc: ProtocolError) -> str | None:
+    """Why a refusal closes its connection (frame-level and handshake faults do), or None:
+    a refused request was authenticated and in step, so the next one can be read."""
+    closes = not isinstance(exc.reason, Reason) or exc.reason.closes_connection
+    return f"refused: {exc.reason}" if closes else None
 
 
 def _peer_closed(sock: socket.socket) -> bool:
