@@ -33,6 +33,26 @@ class Link:
     def refusing(self) -> bool:
         return self.refusals > 0
 
+    def cut(self, mode: str, direction: str, by: int) -> None:
+        """A partition starts (by=1) or ends (by=-1): the whole link refused, or its streams
+        blackholed."""
+        if mode == "refuse":
+            self.refusals += by
+        else:
+            for s in streams(direction):
+                self.blackholes[s] += by
+
+    def slow(self, latency_ms: float, jitter_ms: float, direction: str, on: bool) -> None:
+        """A latency toxic added (on) or removed."""
+        for s in streams(direction):
+            (self.latency[s].append if on else self.latency[s].remove)((latency_ms, jitter_ms))
+
+    def heal(self) -> bool:
+        """Every fault off the link; whether there was any."""
+        faulty = bool(self.refusals or any(self.blackholes.values()) or any(self.latency.values()))
+        self.refusals, self.blackholes, self.latency = 0, {UP: 0, DOWN: 0}, {UP: [], DOWN: []}
+        return faulty
+
 
 def streams(direction: str) -> tuple[str, ...]:
     return (UP, DOWN) if direction == "both" else (direction,)

@@ -23,7 +23,7 @@ from trainer.task import load_task
 from ..controller import HISTORY_FILE, describe_fault
 from .learner import Request, SimLearner
 from .loop import EPOCH_MONOTONIC, VirtualTime
-from .network import DOWN, UP, Link, streams
+from .network import DOWN, UP, Link
 from .syncer_host import SyncerHost, to_frame
 from .task import BATCH, SPEC, LinearTask
 
@@ -173,17 +173,11 @@ class World:
             return f"SIGSTOP {fault.target}"
         if kind == "partition":
             for target in fault.targets:
-                link = self.links[_learner(target)]
+                self.links[_learner(target)].cut(fault.mode, fault.direction, +1)
                 if fault.mode == "refuse":
-                    link.refusals += 1
                     self._reset(_learner(target), "connection refused (proxy disabled)")
-                else:
-                    for s in streams(fault.direction):
-                        link.blackholes[s] += 1
             return f"{fault.mode} {', '.join(fault.targets)} ({fault.direction})"
-        link = self.links[_learner(fault.target)]  # latency
-        for s in streams(fault.direction):
-            link.latency[s].append((fault.latency_ms, fault.jitter_ms))
+        self.links[_learner(fault.target)].slow(fault.latency_ms, fault.jitter_ms, fault.direction, on=True)
         return f"latency {fault.latency_ms:g} ms on {fault.target}"
 
     def _stop_fault(self, fault) -> str:
@@ -196,24 +190,16 @@ class World:
             return f"SIGCONT {fault.target}"
         if kind == "partition":
             for target in fault.targets:
-                link = self.links[_learner(target)]
-                if fault.mode == "refuse":
-                    link.refusals -= 1
-                else:
-                    for s in streams(fault.direction):
-                        link.blackholes[s] -= 1
+                self.links[_learner(target)].cut(fault.mode, fault.direction, -1)
             return f"healed {', '.join(fault.targets)}"
-        link = self.links[_learner(fault.target)]
-        for s in streams(fault.direction):
-            link.latency[s].remove((fault.latency_ms, fault.jitter_ms))
+        self.links[_learner(fault.target)].slow(fault.latency_ms, fault.jitter_ms, fault.direction, on=False)
         return f"removed latency on {fault.target}"
 
     def _heal_all(self) -> list[str]:
         """The final heal: every link clean, every paused process running, every process up."""
         did = []
         for link in self.links.values():
-            if link.refusals or any(link.blackholes.values()) or any(link.latency.values()):
-                link.refusals, link.blackholes, link.latency = 0, {UP: 0, DOWN: 0}, {UP: [], DOWN: []}
+            if link.heal():
                 did.append(f"healed learner-{link.learner}")
         if self.syncer.paused:
             self.syncer.resume()
