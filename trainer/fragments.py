@@ -110,3 +110,15 @@ def validate_schedule(sync_every: int, num_fragments: int, overlap: int) -> None
         raise ValueError(
             f"overlap (tau): must be in [0, H/P) = [0, {sync_every // num_fragments}), got {overlap}"
         )
+
+
+def fragment_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
+    """The L2 distance between two sets of a fragment's tensors."""
+    with torch.no_grad():
+        return sum(float((a[n].detach() - b[n].detach()).pow(2).sum()) for n in names) ** 0.5
+
+
+def fragment_norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
+    """The L2 norm of a fragment's tensors."""
+    with torch.no_grad():
+        return sum(float(tensors[n].pow(2).sum()) for n in names) ** 0.5

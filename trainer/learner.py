@@ -42,7 +42,7 @@ from .served import DELTA_ENCODINGS, apply_steps
 from .config import TrainConfig
 from .device import autocast, resolve_device
 from .events import EventLog
-from .fragments import FragmentClock
+from .fragments import FragmentClock, fragment_distance, fragment_norm
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal, retry_later
 from .protocol import MAX_POLL_MS, FrameFault, Reason
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
@@ -395,8 +395,8 @@ class Learner:
         names = self.fragment_names[f]
         # Where the rule puts θ relative to Θ, from the state before it acts: mix keeps α of
         # θ − Θ, rebase the steps made since the last push (θ − ref).
-        expected = _distance(self.params, refs[f], names) if self.cfg.adopt == "rebase" \
-            else alpha * _distance(self.params, tensors, names)
+        expected = fragment_distance(self.params, refs[f], names) if self.cfg.adopt == "rebase" \
+            else alpha * fragment_distance(self.params, tensors, names)
         skip = self.defect == "never_adopt"
         if self.cfg.adopt == "rebase":
             # θ ← Θ + (θ − ref): the steps made since the last push (ref) ride on the new
@@ -422,11 +422,11 @@ class Learner:
         # Measured on the parameters as they now are: an adoption that did not reach the
         # model (a copy into a detached tensor, a skipped update) shows here, and the
         # `converged` check fails on it.
-        norm = _norm(tensors, names)
+        norm = fragment_norm(tensors, names)
         self.events.emit("apply", fragment=f, version=version, alpha=alpha, adopt=self.cfg.adopt,
                          incarnation=self.incarnation, discarded_tokens=discarded,
                          **({"rollback_from": rollback_from} if rollback_from is not None else {}),
-                         drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
+                         drift_after=round(fragment_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
                          expected_drift=round(expected / norm, 7) if norm else 0.0)
         return True
 
@@ -695,17 +695,6 @@ class Learner:
                 pass
             finally:
                 self.link.lock.release()
-
-
-def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
-    """The L2 distance between two sets of a fragment's tensors."""
-    with torch.no_grad():
-        return sum(float((a[n].detach() - b[n].detach()).pow(2).sum()) for n in names) ** 0.5
-
-
-def _norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
-    with torch.no_grad():
-        return sum(float(tensors[n].pow(2).sum()) for n in names) ** 0.5
 
 
 def warm_up_torch(threads: int, device: torch.device = torch.device("cpu")) -> None:

@@ -19,7 +19,7 @@ from trainer import wire
 from trainer.adoption import VersionBook
 from trainer.codec import decode, encode
 from trainer.events import EventLog
-from trainer.fragments import FragmentClock
+from trainer.fragments import FragmentClock, fragment_distance, fragment_norm
 from trainer.learner import POLL_FLOOR_MS
 from trainer.protocol import MAX_POLL_MS
 from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
@@ -159,8 +159,8 @@ class SimLearner(Stoppable):
             return
         version, tensors, rollback_from = adoption
         names = self.fragment_names[f]
-        norm = _norm(tensors, names)
-        expected = _distance(self.params, self.refs[f], names)
+        norm = fragment_norm(tensors, names)
+        expected = fragment_distance(self.params, self.refs[f], names)
         with torch.no_grad():  # rebase: θ ← Θ + (θ − ref)
             for name in names if self.world.learner_defect != "never_adopt" else ():
                 self.params[name].add_(tensors[name] - self.refs[f][name])
@@ -170,7 +170,7 @@ class SimLearner(Stoppable):
         self.clock.synced(f, self.step)
         self.events.emit("apply", fragment=f, version=version, alpha=0.0, adopt="rebase", incarnation=self.incarnation,
                          discarded_tokens=0, **({"rollback_from": rollback_from} if rollback_from is not None else {}),
-                         drift_after=round(_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
+                         drift_after=round(fragment_distance(self.params, tensors, names) / norm, 7) if norm else 0.0,
                          expected_drift=round(expected / norm, 7) if norm else 0.0)
 
     # ------------------------------------------------------------- the end
@@ -193,8 +193,8 @@ class SimLearner(Stoppable):
         self.finished = True
         rows = []
         for f, names in enumerate(self.fragment_names):
-            diff = _distance(self.params, self.globals[f], names)
-            norm = _norm(self.globals[f], names)
+            diff = fragment_distance(self.params, self.globals[f], names)
+            norm = fragment_norm(self.globals[f], names)
             rows.append({"fragment": f, "version": self.book.adopted[f], "drift": diff / norm if norm > 0 else diff,
                          "diff": diff, "norm": norm})
         self.events.emit("final_params", fragments=rows, incarnation=self.incarnation)
@@ -396,12 +396,3 @@ class SimLearner(Stoppable):
         for r in self.book.note_versions(versions):
             self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
                              incarnation=self.incarnation)
-
-
-def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
-    return float(sum(float((a[n].detach() - b[n]).pow(2).sum()) for n in names)) ** 0.5
-
-
-def _norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
-    return float(sum(float(tensors[n].pow(2).sum()) for n in names)) ** 0.5
-
