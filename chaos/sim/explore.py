@@ -128,26 +128,21 @@ def _judge_index(args: tuple[int, int, Space]) -> tuple[int, list[str]]:
     return index, judge(draw(seed, index, space), space).failed
 
 
-def search(seed: int, count: int, space: Space, jobs: int) -> tuple[int, int | None]:
-    """(schedules run, the index of the first failing one or None), in draw order."""
+def search(seed: int, count: int, space: Space, jobs: int) -> tuple[int, int | None, list[str]]:
+    """(schedules run, the index of the first failing one or None, the checks it failed),
+    in draw order whatever the number of processes."""
     tasks = ((seed, i, space) for i in range(count))
-    if jobs <= 1:
-        for i, (index, failed) in enumerate(map(_judge_index, tasks)):
+    pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
+    try:
+        results = pool.imap(_judge_index, tasks, chunksize=4) if pool is not None else map(_judge_index, tasks)
+        for i, (index, failed) in enumerate(results):
             if failed:
-                return i + 1, index
-        return count, None
-    ctx = multiprocessing.get_context("fork")
-    with ctx.Pool(jobs, initializer=_worker_init) as pool:
-        for i, (index, failed) in enumerate(pool.imap(_judge_index, tasks, chunksize=4)):
-            if failed:
-                pool.terminate()
-                return i + 1, index
-    return count, None
-
-
-def _worker_init() -> None:
-    import torch
-    torch.set_num_threads(1)
+                return i + 1, index, failed
+        return count, None, []
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
 
 
 def shrink(schedule: Schedule, failed: list[str], space: Space,
@@ -218,14 +213,13 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
     started = time.monotonic()
     # Live clusters take every core they can get: one at a time.
     jobs = 1 if space.backend != "sim" else jobs or max(1, min(2, os.cpu_count() or 1))
-    ran, first = search(seed, count, space, jobs)
+    ran, first, first_failed = search(seed, count, space, jobs)
     report: dict = {"schedules": ran, "violations": 0 if first is None else 1, "seed": seed, "jobs": jobs,
                     "backend": space.backend,
                     "first_failure": None}
     if first is not None:
         original = draw(seed, first, space)
-        outcome = judge(original, space)
-        shrunk, runs = shrink(original, outcome.failed, space)
+        shrunk, runs = shrink(original, first_failed, space)
         out.mkdir(parents=True, exist_ok=True)
         run_dir = out / "first-failure"
         final = judge(shrunk, space, keep=run_dir)
@@ -234,7 +228,7 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
         report["first_failure"] = {
             "index": first, "schedule": shrunk.to_dict(), "faults": len(shrunk.faults),
             "failed": final.failed, "details": final.details, "original": original.to_dict(),
-            "original_failed": outcome.failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
+            "original_failed": first_failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
             "run_dir": str(run_dir),
             "live_command": live_command(schedule_file, space.learners,
                                          os.environ.get(defects.ENV) or os.environ.get(defects.LEARNER_ENV)),
