@@ -49,16 +49,19 @@ class Interrupted(Exception):
 
 
 class History:
-    """Append-only JSONL, flushed per line, readable after a crash."""
+    """Append-only JSONL, flushed per line, readable after a crash. Stamped with this
+    machine's clocks, or a simulator's (chaos/sim)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, monotonic: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._fh = open(self.path, "a", encoding="utf-8", buffering=1)
         self._lock = threading.Lock()
+        self._monotonic, self._wall = monotonic, wall
 
     def record(self, **fields: Any) -> dict:
-        entry = {"t": time.monotonic(), "wall": time.time(), **fields}
+        entry = {"t": self._monotonic(), "wall": self._wall(), **fields}
         with self._lock:
             self._fh.write(json.dumps(entry, default=str) + "\n")
         return entry

@@ -20,7 +20,7 @@ from trainer.config import SyncerConfig, TrainConfig
 from trainer.protocol import MAX_POLL_MS
 from trainer.task import load_task
 
-from ..controller import HISTORY_FILE, describe_fault
+from ..controller import HISTORY_FILE, History, describe_fault
 from .learner import Request, SimLearner
 from .loop import EPOCH_MONOTONIC, VirtualTime
 from .network import DOWN, UP, Link
@@ -56,20 +56,6 @@ def unsupported(schedule: Schedule) -> list[str]:
         elif "/rank-" in getattr(f, "target", ""):
             problems.append(f"faults[{i}].target: ranks are not simulated")
     return problems
-
-
-class History:
-    """history.jsonl stamped with the virtual clocks."""
-
-    def __init__(self, path: Path, time: VirtualTime) -> None:
-        self.fh = open(path, "w", encoding="utf-8")
-        self.time = time
-
-    def record(self, **fields) -> None:
-        self.fh.write(json.dumps({"t": self.time.monotonic(), "wall": self.time.wall(), **fields}, default=str) + "\n")
-
-    def close(self) -> None:
-        self.fh.close()
 
 
 class World:
@@ -108,7 +94,7 @@ class World:
         self.polls: list[tuple] = []             # long polls held: (learner, request, frame, known, deadline)
         self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
         self._conns = 0
-        self.history = History(run_dir / HISTORY_FILE, self.time)
+        self.history = History(run_dir / HISTORY_FILE, self.time.monotonic, self.time.wall)
 
     # ------------------------------------------------------------ running
     def run(self) -> None:
