@@ -34,6 +34,11 @@ class Decision:
     recheck_at: float | None = None            # when the answer changes with no new input (None: never)
 
 
+def earliest(a: float | None, b: float | None) -> float | None:
+    """The sooner of two optional instants (None: never)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 def predict_arrival(times: Iterable[float]) -> float | None:
     """When a learner's next push of a fragment should arrive, from its recent push times.
 
@@ -162,13 +167,13 @@ class MergeRule:
                 "missing": missing, "why": why})
         fresh = min((p.accepted_at for p in pending if p.base_version >= version), default=None)
         if fresh is not None:
-            if now - fresh >= self.grace:
+            if now >= fresh + self.grace:  # the form recheck_at takes: its instant decides
                 return Decision("grace", {"policy": policy, "waited": round(now - fresh, 4),
                                           "why": f"below quorum {k}: {self.grace:.2f} s after the first fresh push"})
             return Decision(None, recheck_at=fresh + self.grace)
         oldest = min(p.accepted_at for p in pending)
         late_after = max(LATE_GRACES * self.grace, LATE_ROUNDS * (period or 0.0))
-        if now - oldest >= late_after:
+        if now >= oldest + late_after:
             return Decision("late", {"policy": policy, "waited": round(now - oldest, 4),
                                      "why": f"only late pushes, no fresh one for {late_after:.2f} s"})
         return Decision(None, recheck_at=oldest + late_after)
@@ -188,7 +193,7 @@ class MergeRule:
         info = {"policy": "final", "waited": round(now - opened, 4), "missing": missing}
         if not missing:
             return Decision("final-round", {**info, "why": f"the last push of every live learner ({len(done)})"})
-        if now - opened >= self.final_wait:
+        if now >= opened + self.final_wait:
             return Decision("final-timeout", {**info, "why": f"{self.final_wait:g} s after the first last push"})
         return Decision(None, recheck_at=opened + self.final_wait)
 

@@ -82,3 +82,21 @@ def test_the_goodput_simulator_asks_the_syncers_rule_not_a_copy(monkeypatch: pyt
     assert predict_schedule(quiet, inputs).info["merges"] > 50
     monkeypatch.setattr(merge_rule.MergeRule, "decide", lambda self, *a, **k: Decision(None))
     assert predict_schedule(quiet, inputs).info["merges"] == 0
+
+
+@pytest.mark.parametrize("accepted_at", [1004.146484811549, 1000.1, 1023.7000000000003, 7.3])
+def test_the_answer_changes_at_the_recheck_instant_it_names(accepted_at):
+    """A stepped syncer is ticked exactly at recheck_at: if the rule still said "not yet"
+    there (fresh + grace − fresh < grace in floating point), the simulator ticked at the
+    same instant forever (found by tests/sim's property as a livelock)."""
+    rule = MergeRule(3, 0.5, "fixed", 10.0)
+    fresh = [w(1, accepted_at)]
+    waiting = rule.decide(fresh, 0, [1, 2, 3], accepted_at)
+    assert waiting.reason is None and waiting.recheck_at is not None
+    assert rule.decide(fresh, 0, [1, 2, 3], waiting.recheck_at).reason == "grace"
+    late = [w(1, accepted_at)]
+    waiting = rule.decide(late, 1, [1, 2, 3], accepted_at, period=1.3)
+    assert rule.decide(late, 1, [1, 2, 3], waiting.recheck_at, period=1.3).reason == "late"
+    final = [w(1, accepted_at, final=True)]
+    waiting = rule.decide(final, 0, [1, 2], accepted_at)
+    assert rule.decide(final, 0, [1, 2], waiting.recheck_at).reason == "final-timeout"
