@@ -109,6 +109,10 @@ class GlobalEvaluator:
             self._wake.clear()
             self._evaluate("merge")
 
+    def due_at(self) -> float | None:
+        """When score_merges() would score a merge not yet scored (None: none waits)."""
+        return self._next_allowed if self._wake.is_set() else None
+
     def note_merge(self) -> None:
         """A merge committed a new version: cheap, called under the syncer's lock."""
         self._wake.set()

@@ -19,6 +19,9 @@ from typing import Callable
 
 from .clock import wall
 
+# expire() needs silence strictly past the timeout: the instant just after it.
+LEASE_EPSILON = 1e-6
+
 
 @dataclass
 class Member:
@@ -113,6 +116,11 @@ class Membership:
                 m.alive = False
                 out.append((m, now - m.last_seen))
         return out
+
+    def next_expiry(self, timeout: float) -> float | None:
+        """When the first live lease runs out with no heartbeat before (None: no lease runs)."""
+        ends = [m.last_seen + timeout + LEASE_EPSILON for m in self.members.values() if m.alive and not m.busy]
+        return min(ends, default=None)
 
     def disconnect(self, learner: int, conn: int) -> Member | None:
         m = self.current(learner, conn)

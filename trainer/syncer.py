@@ -36,8 +36,8 @@ from .events import EventLog
 from .fragments import Fragment, partition
 from .global_eval import GlobalEvaluator, HeldOut, Snapshot
 from .membership import Membership
-from .merge_rule import (MERGE_TIMES_KEPT, Arrivals, MergeRule, Waiting, grace_window, is_stale,  # noqa: F401
-                         predict_arrival, round_period)
+from .merge_rule import (MERGE_TIMES_KEPT, Arrivals, Decision, MergeRule, Waiting, earliest,  # noqa: F401
+                         grace_window, is_stale, predict_arrival, round_period)
 from .signals import stop_on_signals
 from .task import load_task
 from .outer import (Contribution, OuterConfig, delayed_nesterov_step, final_average, merge, merge_weights,
@@ -54,6 +54,7 @@ from .storage import FILES, Storage, SyncFailed, describe_error, is_full
 from .sync_state import SyncRound
 
 REPLY_DEADLINE = 30.0
+MERGE_RETRY_SECONDS = 0.5  # a merge that failed (its pushes stay pending) is tried again after this
 # The syncer exits so after a failed sync (or a disk it cannot read at start), for a restart
 # that reads its state back from disk; supervisors restart it (EX_TEMPFAIL).
 DISK_FAILED_EXIT = 75
@@ -131,6 +132,7 @@ class Syncer:
         self.secret = secret
         self.outer = OuterConfig(cfg.outer_lr, cfg.outer_momentum)
         self.rule = MergeRule(cfg.quorum, cfg.grace, cfg.grace_policy, cfg.final_wait)
+        self._recheck_at: float | None = None  # when the merge rule's answer next changes with no input
         self.events = events or EventLog(run_dir, "syncer")
         self.defect = defects.active()
         self.store = StateDir(cfg.state_dir, storage)
@@ -332,15 +334,21 @@ class Syncer:
         connection_closed(), and moves time on with tick() (chaos/sim's single thread)."""
         self._begin(address, threaded=False)
 
-    def tick(self, now: float) -> None:
+    def tick(self, now: float) -> float | None:
         """What the reaper and merge threads do, once, at `now`: expire leases, merge what
-        is due, score Θ if a merge changed it."""
+        is due, score Θ if a merge changed it. Returns when to tick next if no frame comes
+        before (the earliest lease to run out, merge-rule window to close or score the
+        budget allows), or None: the timer a stepped syncer's owner sets."""
         with self.cond:
             self.expire_leases(now)
+            due = self.members.next_expiry(self.train.heartbeat_timeout)
             if self.sync is None:
                 self.merge_due(now)
+                due = earliest(due, self._recheck_at)
         if self.evaluator is not None:
             self.evaluator.score_merges()
+            due = earliest(due, self.evaluator.due_at())
+        return due
 
     def _begin(self, address: tuple[str, int], threaded: bool) -> None:
         self.address = address
@@ -965,12 +973,11 @@ class Syncer:
     def _effective_quorum(self) -> int:
         return self.rule.effective_quorum(len(self.members.alive()))
 
-    def _decide(self, frag: FragmentState, now: float) -> tuple[str | None, dict]:
-        """Why this fragment should merge now (or None), and what the grace window did:
-        the merge rule (merge_rule.MergeRule.decide) asked with this fragment's state."""
-        decision = self.rule.decide(frag.waiting(), frag.version, [m.learner for m in self.members.alive()], now,
-                                    frag.arrivals.predicted, round_period(frag.merge_times))
-        return decision.reason, decision.info
+    def _decide(self, frag: FragmentState, now: float) -> Decision:
+        """Why this fragment should merge now (reason None: not yet, until recheck_at), and
+        what the grace window did: the merge rule asked with this fragment's state."""
+        return self.rule.decide(frag.waiting(), frag.version, [m.learner for m in self.members.alive()], now,
+                                frag.arrivals.predicted, round_period(frag.merge_times))
 
     def _merge_loop(self) -> None:
         if self.sync is not None:
@@ -979,20 +986,25 @@ class Syncer:
             with self.cond:
                 self.cond.wait(0.05)
                 if not self.merge_due(self.monotonic()):
-                    self.cond.wait(0.5)
+                    self.cond.wait(MERGE_RETRY_SECONDS)
 
     def merge_due(self, now: float) -> bool:
         """Under the lock: merge every fragment the merge rule says is due now. False if a
         merge failed: its pushes stay pending, and the next call tries again."""
         ok = True
+        self._recheck_at = None
         for frag in self.frags:
-            why, grace = self._decide(frag, now)
+            decision = self._decide(frag, now)
+            why, grace = decision.reason, decision.info
             if not why or not self._running:
+                self._recheck_at = earliest(self._recheck_at, decision.recheck_at)
                 continue
             try:
                 self._merge(frag, reason=why, grace=grace, final=why.startswith("final"))
+                self._recheck_at = now  # the next decision may merge again (what is left pending)
             except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
                 ok = False
+                self._recheck_at = earliest(self._recheck_at, now + MERGE_RETRY_SECONDS)
                 self.counters["merge_errors"] += 1
                 self.events.emit("merge_failed", fragment=frag.spec.index, reason=why,
                                  error=describe_error(exc) if isinstance(exc, OSError)

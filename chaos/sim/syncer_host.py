@@ -7,6 +7,7 @@ kill drops the object (what it wrote stays on the SimDisk, as the page cache kee
 power loss keeps only what was synced, a restart recovers from what is there."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -24,9 +25,12 @@ SYNCER_PID = 1
 
 
 def to_frame(message: wire.Message) -> wire.Frame:
-    """What the other end reads of a message: its header and payload (the wire's framing,
-    MAC and CRC are tested on their own; the simulated network carries whole frames)."""
-    return wire.Frame(message.type, wire.parse_header(message.head), message.payload)
+    """What the other end reads of a message: its header and payload, through JSON as on
+    the wire (tuples become lists, keys strings). The wire's framing, MAC, CRC and its
+    guards against hostile headers (depth, number sizes: parse_header) are tested on their
+    own; the simulated network carries whole frames from our own code, so it reads them
+    with the plain parser, at C speed."""
+    return wire.Frame(message.type, json.loads(message.head), message.payload)
 
 
 class SyncerHost(Stoppable):
@@ -73,6 +77,8 @@ class SyncerHost(Stoppable):
         """Run `action` on the syncer now, or when it is resumed."""
         self.when_running(action)
 
-    def tick(self) -> None:
+    def tick(self) -> float | None:
+        """Tick the syncer now; when it asks to be ticked next (None: not until an input)."""
         if self.syncer is not None and not self.paused:
-            self.syncer.tick(self.time.now)
+            return self.syncer.tick(self.time.now)
+        return None

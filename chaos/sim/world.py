@@ -30,7 +30,6 @@ from .task import BATCH, SPEC, LinearTask
 SUPPORTED = ("kill", "pause", "partition", "latency", "power_loss")
 PARTITION_MODES = ("blackhole", "refuse")
 WARMUP = 1.0            # s from the start until t0: every learner has joined and stepped
-TICK = 0.1              # the syncer's periodic tick (leases, grace windows); a push also ticks it
 SETTLE = 15.0           # after a final heal that undid something (chaos/controller.py)
 TAIL = 20.0             # the default duration past the schedule's horizon (chaos/runner.py)
 MAX_ACTIONS_PER_SECOND = 200_000
@@ -41,7 +40,7 @@ class SimSettings:
     learners: int = 2
     sync_every: int = 10
     fragments: int = 1
-    step_time: float = 0.05
+    step_time: float = 0.1
     duration: float | None = None   # default: the schedule's horizon + TAIL
 
 
@@ -94,6 +93,7 @@ class World:
         self.polls: list[tuple] = []             # long polls held: (learner, request, frame, known, deadline)
         self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
         self._conns = 0
+        self._next_tick: float | None = None   # the syncer's earliest timer set
         self.history = History(run_dir / HISTORY_FILE, self.time.monotonic, self.time.wall)
 
     # ------------------------------------------------------------ running
@@ -108,7 +108,7 @@ class World:
         self.syncer.start()
         for n in self.links:
             self._start_learner(n)
-        self._every_tick()
+        self._tick()
         t0 = EPOCH_MONOTONIC + WARMUP
         limit = int(MAX_ACTIONS_PER_SECOND * (self.duration + WARMUP + SETTLE + 30))
         self.time.run_until(t0, limit)
@@ -131,10 +131,20 @@ class World:
         self.syncer.stop()
         self.history.close()
 
-    def _every_tick(self) -> None:
-        self.syncer.tick()
+    def _tick(self) -> None:
+        """The syncer's timers: tick it now (after an input, or when it asked), answer the
+        polls its merges satisfied, and set the timer it asks for. A timer superseded by an
+        earlier one still fires: a tick with nothing due changes nothing."""
+        due = self.syncer.tick()
         self._answer_polls()
-        self.time.after(TICK, self._every_tick)
+        if due is not None and (self._next_tick is None or due < self._next_tick or self._next_tick < self.time.now):
+            self._next_tick = due
+            self.time.at(due, self._timer)
+
+    def _timer(self) -> None:
+        if self._next_tick is not None and self._next_tick <= self.time.now:
+            self._next_tick = None
+        self._tick()
 
     def _start_learner(self, n: int) -> None:
         self.lives[n] += 1
@@ -173,6 +183,7 @@ class World:
             return f"restarted {fault.target}"
         if kind == "pause":
             self._process(fault.target).resume()
+            self._tick()  # a resumed syncer's timers passed while it was stopped
             return f"SIGCONT {fault.target}"
         if kind == "partition":
             for target in fault.targets:
@@ -189,6 +200,7 @@ class World:
                 did.append(f"healed learner-{link.learner}")
         if self.syncer.paused:
             self.syncer.resume()
+            self._tick()
             did.append("SIGCONT syncer")
         for learner in self.learners.values():
             if learner.paused:
@@ -219,6 +231,7 @@ class World:
         self.down.discard(target)
         if target == "syncer":
             self.syncer.start()
+            self._tick()
         else:
             self._start_learner(_learner(target))
 
@@ -269,15 +282,18 @@ class World:
 
     def _serve_frame(self, learner: SimLearner, request: Request, frame: wire.Frame) -> None:
         syncer = self.syncer.syncer
+        alive = len(syncer.members.alive())
         reply, speaker, closes = syncer.handle(frame, request.conn, self.speakers.get(request.conn),
                                                peer=("sim", learner.n))
         self.speakers[request.conn] = speaker
         if closes is not None:
             self.open.pop(request.conn, None)
             syncer.connection_closed(request.conn, speaker, closes)
-        if frame.type == wire.PUSH:
-            self.syncer.tick()  # a push wakes the live merge loop (its condition is notified) at once
-            self._answer_polls()
+        if frame.type != wire.HEARTBEAT or closes is not None or len(syncer.members.alive()) != alive:
+            # An input that may change a decision (pending pushes, who is alive): the live
+            # merge loop wakes at once on a push, within 50 ms else. A heartbeat that only
+            # renews a lease changes none.
+            self._tick()
         self._down(learner, request, to_frame(reply) if reply is not None else None, closes)
 
     def _long_poll(self, learner: SimLearner, request: Request, frame: wire.Frame) -> None:
@@ -301,6 +317,8 @@ class World:
         due = [p for p in self.polls
                if p is timed_out or p[4] <= self.time.now or any(v > k for v, k in zip(versions, p[3]))]
         for poll in due:
+            if poll not in self.polls:
+                continue  # answered already, by a tick that an answer before it caused
             self.polls.remove(poll)
             learner, request, plain, _, _ = poll
             if request.conn in self.open:
@@ -319,7 +337,12 @@ class World:
             return
         speaker = self.speakers.pop(conn, None)
         if self.syncer.syncer is not None:
-            self.syncer.run(lambda: self.syncer.syncer and self.syncer.syncer.connection_closed(conn, speaker, why))
+            self.syncer.run(lambda: self._closed(conn, speaker, why))
+
+    def _closed(self, conn: int, speaker: int | None, why: str) -> None:
+        if self.syncer.syncer is not None:
+            self.syncer.syncer.connection_closed(conn, speaker, why)
+            self._tick()
 
 
 def _learner(target: str) -> int:
