@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
+from . import tensor_bytes
 from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir  # noqa: F401 (re-exported)
 from .storage import FILES, Storage
 
@@ -75,7 +75,7 @@ def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta
                  storage: Storage = FILES) -> int:
     """Atomically write tensors with JSON-encoded metadata values."""
     meta = {k: json.dumps(v) for k, v in metadata.items()}
-    return storage.atomic_write(Path(path), st_save({k: v.contiguous() for k, v in tensors.items()}, metadata=meta))
+    return storage.atomic_write(Path(path), tensor_bytes.dumps(tensors, metadata=meta))
 
 
 def safetensors_metadata(data: bytes) -> dict[str, str]:

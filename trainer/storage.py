@@ -120,7 +120,9 @@ class Storage(ABC):
         return size
 
     def atomic_write_json(self, path: Path, obj: object) -> int:
-        return self.atomic_write(path, json.dumps(obj, indent=1, sort_keys=True).encode())
+        # One line, not indented: Python's C encoder, five times faster than the indented
+        # one, on a path that runs once per acknowledged push.
+        return self.atomic_write(path, json.dumps(obj, sort_keys=True).encode())
 
     def read_json(self, path: Path) -> dict | None:
         try:

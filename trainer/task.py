@@ -212,7 +212,11 @@ class CheckedTask:
     def model(self, seed: int) -> torch.nn.Module:
         """task.model() under torch.manual_seed(seed), the caller's RNG state kept."""
         state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
+        # The CPU generator, and CUDA's only where there is one: torch.manual_seed would
+        # queue a lazy CUDA seeding with a stack trace every call, on machines with no GPU.
+        torch.random.default_generator.manual_seed(seed)
+        if torch.cuda.is_available():
+            torch.cuda.manual_seed_all(seed)
         try:
             model = self._call("model", "model()", self.task.model)
         finally:

@@ -50,8 +50,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
 
+from . import tensor_bytes
 from .keys import is_key_file_text, learner_key
 from .protocol import REPLY_TYPES, REQUEST_TYPES, FrameFault, FrameType, Reason
 
@@ -155,7 +155,7 @@ def load_secret(secret_file: str | None = None) -> bytes:
 
 
 def pack_tensors(tensors: dict[str, torch.Tensor]) -> bytes:
-    return st_save({k: v.contiguous() for k, v in tensors.items()}) if tensors else b""
+    return tensor_bytes.dumps(tensors) if tensors else b""
 
 
 def message(ftype: FrameType | str, header: dict | None = None, tensors: dict[str, torch.Tensor] | None = None,
