@@ -171,14 +171,28 @@ def shrink(schedule: Schedule, failed: list[str], space: Space,
             if fails(candidate):
                 best, changed = candidate, True
                 break
+        if not changed and space.backend == "sim":
+            # A local minimum: no one step still fails. Two steps (a fault removed, and
+            # another made shorter, earlier or simpler) can get past it, as Hypothesis's
+            # shrinker tries pairs; only in the simulator, where a run costs milliseconds.
+            for first in _smaller(best, space.min_at, removals_only=True):
+                for candidate in _smaller(first, space.min_at, removals=False):
+                    if fails(candidate):
+                        best, changed = candidate, True
+                        break
+                if changed:
+                    break
     return best, runs
 
 
-def _smaller(schedule: Schedule, min_at: float) -> Iterator[Schedule]:
+def _smaller(schedule: Schedule, min_at: float, removals: bool = True,
+             removals_only: bool = False) -> Iterator[Schedule]:
     """Candidates one step simpler than `schedule`, the biggest steps first."""
     faults = list(schedule.faults)
-    for i in range(len(faults)):
+    for i in range(len(faults)) if removals else ():
         yield replace(schedule, faults=tuple(faults[:i] + faults[i + 1:]))
+    if removals_only:
+        return
     for i, f in enumerate(faults):
         for change in _simpler(f, min_at):
             yield replace(schedule, faults=tuple(faults[:i] + [change] + faults[i + 1:]))

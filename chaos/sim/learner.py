@@ -72,6 +72,7 @@ class SimLearner(Stoppable):
         self.step = 0
         self.seq = 0
         self.model: torch.nn.Module | None = None
+        self._pump_due: float | None = None
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
@@ -280,8 +281,19 @@ class SimLearner(Stoppable):
             self._send("heartbeat", wire.message(wire.HEARTBEAT, poll), lambda r: self._note_versions(
                 r.header.get("versions")))
         else:
-            self.time.at(min(due, self.retry_at) if self.retry_at > self.time.now else due,
-                         lambda: self.when_running(self._pump))
+            self._pump_at(min(due, self.retry_at) if self.retry_at > self.time.now else due)
+
+    def _pump_at(self, when: float) -> None:
+        """One pump timer pending at a time, the earliest wanted (a step asks every time)."""
+        if self._pump_due is not None and self.time.now <= self._pump_due <= when:
+            return
+        self._pump_due = when
+        self.time.at(when, self._pump_timer)
+
+    def _pump_timer(self) -> None:
+        if self._pump_due is not None and self._pump_due <= self.time.now:
+            self._pump_due = None
+        self.when_running(self._pump)
 
     def _poll_ms(self) -> int:
         """trainer/learner.py's: a heartbeat interval, no longer than until the next push falls

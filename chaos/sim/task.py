@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 
 DIM = 8
@@ -14,6 +15,8 @@ NOISE = 0.1
 BATCH = 16
 EVAL_BATCHES = 4
 POOL = 64
+POOLS_KEPT = 256   # shards' pools cached per process (a few KB each)
+_POOLS: dict[int, list] = {}
 
 
 class LinearTask:
@@ -30,14 +33,27 @@ class LinearTask:
         return x, x @ self.w + self.b + NOISE * torch.randn(BATCH, generator=g)
 
     def batches(self, shard: int, shards: int, seed: int, start: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batch i of a shard is the same whatever `start`: a pool of POOL batches made once,
-        walked from `start` (a minute of simulated training reads thousands)."""
-        g = torch.Generator().manual_seed(seed * 1_000_003 + shard * 7919)
-        pool = [tuple(t.numpy() for t in self._batch(g)) for _ in range(POOL)]
-        i = start
+        """Batch i of a shard is the same whatever `start`: the shard's pool of POOL batches,
+        made once per process, walked from an offset the seed picks (a minute of simulated
+        training reads thousands, and ten thousand runs need not draw them anew)."""
+        pool = self._pool(shard)
+        i = start + seed % POOL
         while True:
             yield pool[i % POOL]
             i += 1
+
+    def _pool(self, key: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A shard's POOL batches (read-only: every run in the process walks them)."""
+        pool = _POOLS.get(key)
+        if pool is None:
+            g = torch.Generator().manual_seed(1_000_003 + key * 7919)
+            pool = [tuple(t.numpy() for t in self._batch(g)) for _ in range(POOL)]
+            for x, y in pool:
+                x.flags.writeable = y.flags.writeable = False
+            if len(_POOLS) >= POOLS_KEPT:
+                _POOLS.clear()
+            _POOLS[key] = pool
+        return pool
 
     def sgd_step(self, params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> float:
         """One SGD step on the MSE, its gradient in closed form (no autograd: the simulator

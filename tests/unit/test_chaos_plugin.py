@@ -194,7 +194,7 @@ def test_ci_profile_is_loaded_by_default_and_nightly_is_registered(pytester: pyt
             assert Phase.shrink in settings.default.phases
             live = live_settings()
             assert (Phase.shrink in live.phases) == (want == "nightly") and Phase.generate in live.phases
-            assert live.max_examples == (2 if want == "ci" else 200)
+            assert live.max_examples == (1 if want == "ci" else 200)
     """)
     settings.load_profile("default")  # as in a session without the plugin
     try:
