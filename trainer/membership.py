@@ -111,16 +111,19 @@ class Membership:
     def expire(self, now: float, timeout: float) -> list[tuple[Member, float]]:
         """Members whose lease ran out, now marked dead, with how long they were silent."""
         out = []
-        for m in self.members.values():
-            if m.alive and not m.busy and now - m.last_seen > timeout:
+        for m in self._leased():
+            if now - m.last_seen > timeout:
                 m.alive = False
                 out.append((m, now - m.last_seen))
         return out
 
     def next_expiry(self, timeout: float) -> float | None:
         """When the first live lease runs out with no heartbeat before (None: no lease runs)."""
-        ends = [m.last_seen + timeout + LEASE_EPSILON for m in self.members.values() if m.alive and not m.busy]
-        return min(ends, default=None)
+        return min((m.last_seen + timeout + LEASE_EPSILON for m in self._leased()), default=None)
+
+    def _leased(self) -> list[Member]:
+        """The members a lease keeps alive (a busy one's request holds it)."""
+        return [m for m in self.members.values() if m.alive and not m.busy]
 
     def disconnect(self, learner: int, conn: int) -> Member | None:
         m = self.current(learner, conn)

@@ -175,8 +175,8 @@ def shrink(schedule: Schedule, failed: list[str], space: Space,
             # A local minimum: no one step still fails. Two steps (a fault removed, and
             # another made shorter, earlier or simpler) can get past it, as Hypothesis's
             # shrinker tries pairs; only in the simulator, where a run costs milliseconds.
-            for first in _smaller(best, space.min_at, removals_only=True):
-                for candidate in _smaller(first, space.min_at, removals=False):
+            for first in _removals(best):
+                for candidate in _simplifications(first, space.min_at):
                     if fails(candidate):
                         best, changed = candidate, True
                         break
@@ -185,14 +185,22 @@ def shrink(schedule: Schedule, failed: list[str], space: Space,
     return best, runs
 
 
-def _smaller(schedule: Schedule, min_at: float, removals: bool = True,
-             removals_only: bool = False) -> Iterator[Schedule]:
+def _smaller(schedule: Schedule, min_at: float) -> Iterator[Schedule]:
     """Candidates one step simpler than `schedule`, the biggest steps first."""
+    yield from _removals(schedule)
+    yield from _simplifications(schedule, min_at)
+
+
+def _removals(schedule: Schedule) -> Iterator[Schedule]:
+    """`schedule` without one of its faults, each in turn."""
     faults = list(schedule.faults)
-    for i in range(len(faults)) if removals else ():
+    for i in range(len(faults)):
         yield replace(schedule, faults=tuple(faults[:i] + faults[i + 1:]))
-    if removals_only:
-        return
+
+
+def _simplifications(schedule: Schedule, min_at: float) -> Iterator[Schedule]:
+    """`schedule` with one fault shorter, earlier or simpler, each in turn."""
+    faults = list(schedule.faults)
     for i, f in enumerate(faults):
         for change in _simpler(f, min_at):
             yield replace(schedule, faults=tuple(faults[:i] + [change] + faults[i + 1:]))

@@ -15,8 +15,7 @@ NOISE = 0.1
 BATCH = 16
 EVAL_BATCHES = 4
 POOL = 64
-POOLS_KEPT = 256   # shards' pools cached per process (a few KB each)
-_POOLS: dict[int, list] = {}
+_POOLS: dict[int, list] = {}   # shard -> its batches (one per learner: a few KB each)
 
 
 class LinearTask:
@@ -42,17 +41,15 @@ class LinearTask:
             yield pool[i % POOL]
             i += 1
 
-    def _pool(self, key: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    def _pool(self, shard: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """A shard's POOL batches (read-only: every run in the process walks them)."""
-        pool = _POOLS.get(key)
+        pool = _POOLS.get(shard)
         if pool is None:
-            g = torch.Generator().manual_seed(1_000_003 + key * 7919)
+            g = torch.Generator().manual_seed(1_000_003 + shard * 7919)
             pool = [tuple(t.numpy() for t in self._batch(g)) for _ in range(POOL)]
             for x, y in pool:
                 x.flags.writeable = y.flags.writeable = False
-            if len(_POOLS) >= POOLS_KEPT:
-                _POOLS.clear()
-            _POOLS[key] = pool
+            _POOLS[shard] = pool
         return pool
 
     def sgd_step(self, params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> float:
