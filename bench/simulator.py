@@ -32,7 +32,8 @@ from chaos.sim.explore import Space, draw, judge  # noqa: E402
 from trainer.argtypes import Parser, non_negative_int, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CORES = ("trainer/syncer.py", "trainer/merge_rule.py", "trainer/adoption.py", "trainer/membership.py",
+CORES = ("trainer/syncer/core.py", "trainer/syncer/outer_step.py", "trainer/syncer/service.py",
+         "trainer/push_protocol.py", "trainer/merge_rule.py", "trainer/adoption.py", "trainer/membership.py",
          "trainer/group_commit.py", "trainer/validation.py", "trainer/outer.py", "trainer/state.py")
 DEFAULT_OUT = ROOT / "bench" / "out" / "simulator.json"
 

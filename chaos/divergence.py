@@ -7,7 +7,7 @@ whether the outer step is sound (a compose run ended at 14.26 while every learne
 monotone: the outer Nesterov step (lr 0.7, momentum 0.9) overshot early in training, fully
 synchronous (on the property suite's model, 2 learners, H=10, no faults: one version at
 6.6, 11.0 and 17.1 nats against 5.53 untrained in 3 of 5 runs). The momentum now warms up
-over its first ten rounds (trainer/syncer.py), and the same five runs rose at most 0.011
+over its first ten rounds (trainer/syncer/), and the same five runs rose at most 0.011
 above their running best. One transient remains, with no momentum at all: on the default
 model the first merge can land between the initial parameters and the learners' own
 (35% of the way at weight 0.5 and lr 0.7), and that point scored 6.78 against 5.50

@@ -136,7 +136,7 @@ class SyncerConfig:
     max_staleness: int = 4         # versions; older pushes are dropped and counted
     staleness_policy: str = "drop"  # drop | discount | delayed-nesterov (outer.py)
     nesterov_delay: int = 1        # k: merges per momentum step under delayed-nesterov
-    grace_policy: str = "fixed"    # fixed | adaptive (syncer.py, grace_window)
+    grace_policy: str = "fixed"    # fixed | adaptive (merge_rule.py, grace_window)
     momentum_unit: str = "round"   # round: a partial merge carries its share of momentum; merge: every merge a full step
     momentum_warmup: float | None = None  # rounds over which the momentum ramps up from 0; None: its horizon
     max_payload: int = 64 * 1024 * 1024

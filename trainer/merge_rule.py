@@ -1,6 +1,6 @@
 """When a fragment merges: quorum, the grace window, late pushes and the final round.
 
-Pure decisions, no I/O: the live syncer (syncer.py) and the goodput simulator
+Pure decisions, no I/O: the live syncer (syncer/core.py) and the goodput simulator
 (chaos/simulate/scheduled.py) both ask `MergeRule.decide` with what is pending, who is
 alive and the time, so there is one model of the merge rule, not a copy per caller. The
 answer carries `recheck_at`, the time at which it changes with no new input (a window

@@ -60,7 +60,7 @@ class Reason(StrEnum):
     BAD_CRC = "bad_crc"
     BAD_PAYLOAD = "bad_payload"
     PROTOCOL = "protocol"            # a frame out of order (e.g. not HELLO first)
-    # Admission (syncer.py, admission.py): said in events; the peer just sees a close.
+    # Admission (syncer/core.py, admission.py): said in events; the peer just sees a close.
     HANDSHAKE_TIMEOUT = "handshake_timeout"
     UNAUTHENTICATED_LIMIT = "unauthenticated_limit"
     CONNECTION_LIMIT = "connection_limit"
@@ -79,7 +79,7 @@ class Reason(StrEnum):
     # learner keeps it and sends it again, under the same id, after a backoff.
     STORAGE_FULL = "storage_full"    # ENOSPC or EDQUOT: no space for the push's file
     STORAGE_IO = "storage_io"        # EIO or another disk error, or a failed sync earlier
-    # A pending push that cannot be merged (syncer.py quarantine).
+    # A pending push that cannot be merged (syncer/core.py, quarantine.py).
     MERGE_ERROR = "merge_error"
     NONFINITE_MERGE = "nonfinite_merge"
     BAD_PENDING = "bad_pending"

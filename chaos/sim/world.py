@@ -17,7 +17,7 @@ import torch
 from faults import Schedule
 from trainer import defects, wire
 from trainer.config import SyncerConfig, TrainConfig
-from trainer.protocol import MAX_POLL_MS
+from trainer.protocol import ProtocolError
 from trainer.task import load_task
 
 from ..controller import HISTORY_FILE, History, describe_fault
@@ -282,17 +282,16 @@ class World:
 
     def _serve_frame(self, learner: SimLearner, request: Request, frame: wire.Frame) -> None:
         syncer = self.syncer.syncer
-        alive = len(syncer.members.alive())
+        changes = syncer.core.changes
         reply, speaker, closes = syncer.handle(frame, request.conn, self.speakers.get(request.conn),
                                                peer=("sim", learner.n))
         self.speakers[request.conn] = speaker
         if closes is not None:
             self.open.pop(request.conn, None)
             syncer.connection_closed(request.conn, speaker, closes)
-        if frame.type != wire.HEARTBEAT or closes is not None or len(syncer.members.alive()) != alive:
-            # An input that may change a decision (pending pushes, who is alive): the live
-            # merge loop wakes at once on a push, within 50 ms else. A heartbeat that only
-            # renews a lease changes none.
+        if closes is not None or syncer.core.changes != changes:
+            # An input that changed what a decision reads (the core says: pending pushes, who
+            # is alive): the live merge loop wakes at once on a push, within 50 ms else.
             self._tick()
         self._down(learner, request, to_frame(reply) if reply is not None else None, closes)
 
@@ -300,22 +299,25 @@ class World:
         """A heartbeat that waits until a version passes the ones it knows, or `wait_ms`: the
         live syncer's handler waits on its condition; here the world holds the request and
         the handler answers it, as a plain heartbeat, when it is due (one thread cannot wait)."""
-        known = frame.header.get("versions") or []
-        deadline = self.time.now + min(MAX_POLL_MS, int(frame.header.get("wait_ms", 0))) / 1000
+        try:
+            poll = self.syncer.syncer.core.poll(frame.header)
+        except ProtocolError:  # refused as the live handler refuses it
+            self._serve_frame(learner, request, frame)
+            return
+        known, deadline = poll.known, self.time.now + poll.wait_ms / 1000
         plain = wire.Frame(frame.type, {k: v for k, v in frame.header.items() if k not in ("wait_ms", "versions")},
                            frame.payload)
-        poll = (learner, request, plain, known, deadline)
-        self.polls.append(poll)
-        self.time.at(deadline, lambda: self._answer_polls(timed_out=poll))
+        held = (learner, request, plain, known, deadline)
+        self.polls.append(held)
+        self.time.at(deadline, lambda: self._answer_polls(timed_out=held))
         self._answer_polls()
 
     def _answer_polls(self, timed_out: tuple | None = None) -> None:
         """Answer every held poll whose versions were passed (or whose time is up)."""
         if not self.polls or self.syncer.syncer is None or self.syncer.paused:
             return
-        versions = self.syncer.syncer.versions()
-        due = [p for p in self.polls
-               if p is timed_out or p[4] <= self.time.now or any(v > k for v, k in zip(versions, p[3]))]
+        core = self.syncer.syncer.core
+        due = [p for p in self.polls if p is timed_out or p[4] <= self.time.now or core.passed(p[3])]
         for poll in due:
             if poll not in self.polls:
                 continue  # answered already, by a tick that an answer before it caused

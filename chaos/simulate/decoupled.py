@@ -18,7 +18,7 @@ learner does waits for another):
   * the learner is then out for its outage (detection + restart, state fetch, rejoin);
     failures of its chips meanwhile join that recovery;
   * it comes back with the current global state, so it never pushes stale work.
-The syncer merges with min(K, live) reporters (trainer/syncer.py, _effective_quorum): global
+The syncer merges with min(K, live) reporters (trainer/syncer/core.py, effective_quorum): global
 progress stops only while no learner is live, reported as `global_downtime_s`. A dead
 learner the syncer has not yet noticed holds a merge that needs it for at most
 min(grace, detection): `quorum_wait_s`, time to merge, never tokens, since learners never

@@ -14,7 +14,7 @@ learner (trainer/learner.py, fragments.py)
   * a kill loses its unpushed steps and whatever it could not send; after the restart
     order it trains again after a --recovery-decoupled draw, with the current state;
   * a pause freezes it (and its network thread);
-syncer (trainer/syncer.py)
+syncer (trainer/syncer/)
   * drops a push whose base version is more than --max-staleness merges old, and merges by
     the syncer's own rule, trainer/merge_rule.py (quorum min(K, live), the grace window in
     either policy, lone late pushes): the simulator asks it, it keeps no copy of it;

@@ -1,7 +1,8 @@
-"""A signed PUSH from a learner holding the secret, straight into the syncer's handler
-(Syncer._on_push): every field and tensor drawn from the input, plausible or absurd. The
-only acceptable outcomes are an ACK or a ProtocolError; and the global parameters stay
-finite. Durable writes are stubbed: this target is about validation, not the disk."""
+"""A signed PUSH from a learner holding the secret, straight into the syncer's core
+(SyncerCore.parse_push and admit_push): every field and tensor drawn from the input,
+plausible or absurd. The only acceptable outcomes are a decided ticket or a
+ProtocolError; and the global parameters stay finite. The core is sans-IO, so an accepted
+push is entered in memory with no file written: this target is about validation."""
 from __future__ import annotations
 
 import tempfile
@@ -13,8 +14,8 @@ from trainer import wire
 from trainer.codec import ENCODINGS, encode
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.model import ModelConfig
-from trainer.protocol import ProtocolError
-from trainer.syncer import Syncer
+from trainer.protocol import ProtocolError, Status
+from trainer.syncer import SyncerCore
 
 NAME = "push_validation"
 _state: dict = {}
@@ -25,11 +26,8 @@ def setup() -> None:
     root = tempfile.mkdtemp(prefix="islands-fuzz-push-")
     train = TrainConfig(model=ModelConfig(n_layer=1, n_embd=8, n_head=2, block_size=8), num_learners=2,
                         sync_every=4, fragments=2, batch_size=2)
-    s = Syncer(SyncerConfig(state_dir=f"{root}/state"), train, b"fuzz-secret-0123456789abcdef", None)
-    s._write_meta = lambda: None  # type: ignore[method-assign]
+    s = SyncerCore(SyncerConfig(state_dir=f"{root}/state"), train)
     s.members.join(1, "fuzz", conn=1, now=0.0)
-    import trainer.syncer as syncer_mod
-    syncer_mod.save_tensors = lambda path, tensors, meta: 0
     _state["syncer"] = s
 
 
@@ -48,7 +46,7 @@ def _number(fdp: atheris.FuzzedDataProvider) -> object:
     return None
 
 
-def _tensors(fdp: atheris.FuzzedDataProvider, s: Syncer, fragment: int) -> dict[str, torch.Tensor]:
+def _tensors(fdp: atheris.FuzzedDataProvider, s: SyncerCore, fragment: int) -> dict[str, torch.Tensor]:
     names = s.specs[fragment % len(s.specs)].names
     scale = fdp.PickValueInList([0.0, 1e-3, 1.0, 1e6, 3.4e38, float("inf"), float("nan")])
     out = {n: torch.randn(s.shapes[n], generator=torch.Generator().manual_seed(fdp.ConsumeIntInRange(0, 9))) * scale
@@ -61,7 +59,7 @@ def _tensors(fdp: atheris.FuzzedDataProvider, s: Syncer, fragment: int) -> dict[
 
 
 def test_one_input(data: bytes) -> None:
-    s: Syncer = _state["syncer"]
+    s: SyncerCore = _state["syncer"]
     fdp = atheris.FuzzedDataProvider(data)
     header: dict = {"learner": 1}
     for key in ("fragment", "incarnation", "seq", "base_version", "tokens", "steps", "position", "step_tokens"):
@@ -78,12 +76,14 @@ def test_one_input(data: bytes) -> None:
         payload = fdp.ConsumeBytes(256)
     frame = wire.Frame(wire.PUSH, header, payload)
     try:
-        s._on_push(frame, learner=1)
+        ticket = s.admit_push(s.parse_push(frame, learner=1))
+        if ticket.status == Status.ACCEPTED:
+            s.push_durable(ticket)
+        s.push_answer(ticket)
     except ProtocolError:
         pass
-    with s.cond:
-        for frag in s.frags:
-            frag.pending.clear()
-            frag.merging.clear()
+    for frag in s.frags:
+        frag.pending.clear()
+        frag.merging.clear()
     if not all(bool(torch.isfinite(t).all()) for f in s.frags for t in f.params.values()):
         raise AssertionError("the global parameters are not finite")

@@ -57,7 +57,7 @@ def test_a_pushers_frame_is_what_the_syncer_reads_and_decodes():
     shapes = {"a.weight": torch.Size([3, 4]), "b.bias": torch.Size([5])}
     header = sc.push_header(learner=7, incarnation=2, seq=3, base_version=9, tokens=5120, steps=10, position=30,
                             encoding="int8")
-    # The syncer requires every one of these (trainer/syncer.py, _on_push).
+    # The syncer requires every one of these (trainer/syncer/core.py, parse_push).
     for key, minimum in (("fragment", 0), ("incarnation", 1), ("seq", 1), ("base_version", 0), ("tokens", 0),
                          ("steps", 0), ("position", 0)):
         assert wire.header_int(header, key, minimum) == header[key]

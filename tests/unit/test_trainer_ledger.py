@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.syncer as syncer_mod
+import trainer.syncer.service as syncer_mod
 from trainer import wire
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.ranks import param_digest
