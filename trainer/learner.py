@@ -30,21 +30,20 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
-from tenacity import wait_exponential_jitter
 
 from . import defects, wire
 from .adoption import VersionBook
-from .codec import decode, encode
+from .codec import decode
 from .served import DELTA_ENCODINGS, apply_steps
 from .config import TrainConfig
 from .device import autocast, resolve_device
 from .events import EventLog
 from .fragments import FragmentClock, fragment_distance, fragment_norm
-from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal, retry_later
-from .protocol import MAX_POLL_MS, FrameFault, Reason
+from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
+from .protocol import FrameFault, Reason
+from .push_protocol import BACKOFF_MAX, POLL_FLOOR_MS, PushProtocol, Refused, poll_ms  # noqa: F401
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
 from .cpuwait import CpuWait
@@ -55,10 +54,6 @@ from .unit import FATAL_EXIT
 from .sync_state import apply_mean_gradient, load_optimizer_tensors, make_inner_optimizer, warm_up_lr
 
 RECONNECT_BUDGET = 30.0
-# Seconds between sends after "not now" (storage) refusals: 0.2 doubling to 2, plus up to 0.2 of jitter.
-BACKOFF_MAX = 2.0
-BACKOFF = wait_exponential_jitter(initial=0.2, max=BACKOFF_MAX, jitter=0.2)
-POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
 TASK_EXIT = 4  # the user's task failed mid-run (an exception, a NaN loss): restarted with backoff
 
 
@@ -111,8 +106,6 @@ class Learner:
         self.events = EventLog(opts.run_dir, name, learner=opts.learner)
         self.group: Group = SoloGroup()
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
-        self._refusals_in_a_row = 0  # "not now" refusals (storage) since the last answered push
-        self._retry_at = 0.0         # the head push is not sent before this (monotonic; _back_off)
         # Which versions to pull and adopt, when a push may go (adoption.py): the network
         # thread and the inner loop share it under _versions_lock.
         self.book = VersionBook.starting_at([])
@@ -270,6 +263,10 @@ class Learner:
     def _run_decoupled(self) -> int:
         cfg = self.cfg
         self.queue = PushQueue(cfg.max_unsent_pushes)
+        # What a push says and what its answers and refusals do (push_protocol.py, shared
+        # with the simulator's stand-in): called under _versions_lock, as the book is.
+        self.pushes = PushProtocol(self.opts.learner, self.incarnation, self.book, self.queue, self.events,
+                                   cfg.encoding, time.monotonic)
         refs = {f: {n: self.params[n].detach().clone() for n in names}
                 for f, names in enumerate(self.fragment_names)}
         # The global parameters last adopted, per fragment: what convergence is measured against.
@@ -456,7 +453,7 @@ class Learner:
                 item = self.queue.peek()
                 # After a "not now" refusal the head push waits out its backoff, while the link
                 # goes on heartbeating and pulling: a backoff must not cost the learner its lease.
-                deferred = item is not None and time.monotonic() < self._retry_at
+                deferred = item is not None and self.pushes.deferred(time.monotonic())
                 if item is not None and not deferred:
                     self._send_push(item)
                     # With P fragments a push falls due every H/P steps and the queue is rarely
@@ -472,20 +469,20 @@ class Learner:
                 self._pull_new_versions()
                 due = heartbeat_due(self.link, self.cfg.heartbeat_interval)
                 if deferred:
-                    self.stop.wait(max(0.0, min(due, self._retry_at) - time.monotonic()))
+                    self.stop.wait(max(0.0, min(due, self.pushes.retry_at) - time.monotonic()))
                 elif known is None:
                     self.queue.wait(max(0.0, due - time.monotonic()))
             except Refusal as exc:
-                if exc.reason in FATAL_REASONS:
+                with self._versions_lock:
+                    outcome = self.pushes.refused(exc.reason, exc.detail)
+                if outcome is Refused.FATAL:
                     self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
                     self.stop.set()
                     return
-                if retry_later(exc):  # the syncer's disk: the push is kept and sent again, same id
-                    self._back_off(exc)
+                if outcome is Refused.DEFERRED:  # the syncer's disk: the push is kept, sent again, same id
                     continue
                 if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
                     self.link.close(f"refused: {exc}")
-                self._drop_refused_push(exc)
             except TRANSIENT as exc:
                 self.link.close(f"{type(exc).__name__}: {exc}")
                 if self.stop.is_set():
@@ -493,15 +490,9 @@ class Learner:
                 self.stop.wait(0.05)
 
     def _poll_ms(self) -> int:
-        """How long a long poll may wait: a heartbeat interval, and no longer than until this
-        learner's next push falls due (H/P steps at its measured pace), since the push waits
-        behind the poll on the one connection; at least POLL_FLOOR_MS, at most MAX_POLL_MS
-        and half a request timeout."""
+        """How long a long poll may wait (push_protocol.poll_ms), at this learner's pace."""
         cfg = self.cfg
-        seconds = min(cfg.heartbeat_interval, cfg.request_timeout / 2)
-        if self.step_seconds:
-            seconds = min(seconds, cfg.sync_every / cfg.fragments * self.step_seconds)
-        return int(min(MAX_POLL_MS, max(POLL_FLOOR_MS, seconds * 1000)))
+        return poll_ms(cfg.heartbeat_interval, cfg.request_timeout, cfg.sync_every, cfg.fragments, self.step_seconds)
 
     def _awaited(self) -> list[int] | None:
         with self._versions_lock:
@@ -509,10 +500,7 @@ class Learner:
 
     def _note_versions(self, versions: list[int] | None) -> None:
         with self._versions_lock:
-            rollbacks = self.book.note_versions(versions)
-        for r in rollbacks:
-            self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
-                             incarnation=self.incarnation)
+            self.pushes.note_versions(versions)
 
     def _pull_new_versions(self) -> None:
         with self._versions_lock:
@@ -548,59 +536,15 @@ class Learner:
             return self.book.pulled.get(f) or (self.book.adopted[f], self.globals[f])
 
     def _send_push(self, item: OutgoingPush) -> None:
-        with self._versions_lock:  # sent from now on: the loop's next push of f waits for its adoption
-            self.book.sent(item.fragment, item.seq)
-        self.queue.claim(item)  # before encoding: a push queued meanwhile must not merge into it
-        if item.message is None:
-            header = {"learner": self.opts.learner, "incarnation": self.incarnation, "seq": item.seq,
-                      "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
-                      "steps": item.steps, "position": item.position, "encoding": self.cfg.encoding,
-                      "step_tokens": max(1, self.step_tokens)}
-            if item.final:
-                header["final"] = 1
-            item.message = wire.message(wire.PUSH, header, encode(item.delta, self.cfg.encoding))
-        item.attempts += 1
-        started = time.monotonic()
-        reply = self.link.request(item.message)
-        self._refusals_in_a_row = 0
-        self.queue.pop(item)
-        self._note_versions(reply.header.get("versions"))
-        status = reply.header.get("status")
-        version = int(reply.header.get("version", 0))
-        self._await_version(item.fragment, version + 1 if status == "accepted" else version, item.seq)
-        self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.opts.learner}:{self.incarnation}:{item.seq}",
-                         base_version=item.base_version, tokens=item.tokens, steps=item.steps,
-                         wire_bytes=item.message.wire_size, encoding=self.cfg.encoding, status=status, version=version,
-                         attempts=item.attempts, coalesced=item.coalesced, residual=item.residual, final=item.final,
-                         latency=round(time.monotonic() - started, 4), incarnation=self.incarnation)
-
-    def _await_version(self, fragment: int, version: int, seq: int) -> None:
+        """Send the head push and take its answer (the rules: push_protocol.py). Its message
+        is built off the lock, once: the inner loop never waits for an encoding."""
         with self._versions_lock:
-            self.book.answered(fragment, seq, version)
-
-    def _back_off(self, exc: Refusal) -> None:
-        """Defer the next send after a "not now" refusal: exponential with jitter (tenacity's
-        wait, BACKOFF), so learners do not hammer a full disk. The push at the head of the
-        queue stays, under its id: its retry is the same push. The network loop heartbeats
-        meanwhile."""
-        self._refusals_in_a_row += 1
-        delay = BACKOFF(SimpleNamespace(attempt_number=self._refusals_in_a_row))
-        self._retry_at = time.monotonic() + delay
-        item = self.queue.peek()
-        self.events.emit("push_deferred", reason=str(exc.reason), detail=exc.detail, retry_in=round(delay, 3),
-                         refusals_in_a_row=self._refusals_in_a_row,
-                         **({"fragment": item.fragment, "seq": item.seq} if item is not None and item.claimed else {}))
-
-    def _drop_refused_push(self, exc: Refusal) -> None:
-        item = self.queue.peek()
-        if item is not None and item.claimed:
-            self.queue.pop(item)
-            with self._versions_lock:
-                self.book.refused(item.fragment, item.seq)
-            self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused",
-                             reason=exc.reason, detail=exc.detail, wire_bytes=item.message.wire_size,
-                             tokens=item.tokens, steps=item.steps,
-                             id=f"{self.opts.learner}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
+            self.pushes.sent(item)
+        message = self.pushes.message(item, self.step_tokens)
+        started = time.monotonic()
+        reply = self.link.request(message)
+        with self._versions_lock:
+            self.pushes.answered(item, reply, time.monotonic() - started)
 
     def _bye(self) -> None:
         if self.link.connected:

@@ -3,8 +3,9 @@
 What it shares with trainer/learner.py is what decides: the versions protocol
 (trainer.adoption.VersionBook: what to pull, what to adopt, when a push may go, following
 a syncer that went back), the push queue (trainer.pushes.PushQueue: coalescing, claiming),
-the staggered fragment clock, the wire messages and the refusal rules. What it does not
-share is the I/O: one request in flight on one connection of the simulated network, a
+the push protocol (trainer.push_protocol: a push's message, its answer, the refusal
+rules, backoff and the long poll's length) and the staggered fragment clock. What it does
+not share is the I/O: one request in flight on one connection of the simulated network, a
 deadline per request, reconnection with backoff and jitter from the run's seeded PRNG.
 Its inner step is a real SGD step on the stand-in task (task.py)."""
 from __future__ import annotations
@@ -17,12 +18,11 @@ import torch
 
 from trainer import wire
 from trainer.adoption import VersionBook
-from trainer.codec import decode, encode
+from trainer.codec import decode
 from trainer.events import EventLog
 from trainer.fragments import FragmentClock, fragment_distance, fragment_norm
-from trainer.learner import POLL_FLOOR_MS
-from trainer.protocol import MAX_POLL_MS
-from trainer.protocol import FATAL_REASONS, RETRY_LATER_REASONS, FrameType
+from trainer.protocol import FrameType
+from trainer.push_protocol import PushProtocol, Refused, backoff, poll_ms
 from trainer.pushes import OutgoingPush, PushQueue
 
 from .loop import Stoppable
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from .world import World
 
 LR = 0.05
-BACKOFF_INITIAL, BACKOFF_MAX = 0.2, 2.0   # trainer/learner.py BACKOFF
 DRAIN_TIMEOUT = 5.0
 
 
@@ -60,6 +59,7 @@ class SimLearner(Stoppable):
         self.alive, self.finishing, self.finished = True, False, False
         self.incarnation: int | None = None
         self.book: VersionBook | None = None
+        self.pushes: PushProtocol | None = None
         self.queue = PushQueue(self.cfg.max_unsent_pushes)
         self.conn: int | None = None
         self.connecting = False
@@ -67,7 +67,6 @@ class SimLearner(Stoppable):
         self.requests = 0
         self.connections = 0
         self.failures_in_a_row = 0
-        self.retry_at = 0.0
         self.last_sent = 0.0
         self.step = 0
         self.seq = 0
@@ -106,6 +105,8 @@ class SimLearner(Stoppable):
         self.params = dict(self.model.named_parameters())
         self.fragment_names = [list(names) for names in h["fragments"]]
         self.book = VersionBook.starting_at(list(h["versions"]))
+        self.pushes = PushProtocol(self.n, self.incarnation, self.book, self.queue, self.events, "fp32",
+                                   self.time.monotonic, self.rng)
         self.position = int(h["position"])
         # The raw task's numpy batches, for its closed-form steps (the syncer scores Θ through the checked task).
         self.batches = self.world.trainer.batches(self.n - 1, self.cfg.num_learners, self.cfg.seed,
@@ -240,10 +241,8 @@ class SimLearner(Stoppable):
         self.time.after(self._backoff(), lambda: self.when_running(self._connect))
 
     def _backoff(self) -> float:
-        """Exponential from BACKOFF_INITIAL to BACKOFF_MAX, plus up to 0.2 s of jitter (the
-        live learner's tenacity wait), after `failures_in_a_row` failures."""
-        doublings = min(self.failures_in_a_row - 1, 16)
-        return min(BACKOFF_MAX, BACKOFF_INITIAL * 2 ** doublings) + self.rng.uniform(0, 0.2)
+        """The live learner's wait after `failures_in_a_row` failures, on the run's PRNG."""
+        return backoff(self.failures_in_a_row, self.rng)
 
     def _close(self, why: str, tell_syncer: bool) -> None:
         conn, self.conn, self.in_flight = self.conn, None, None
@@ -255,14 +254,14 @@ class SimLearner(Stoppable):
 
     def _pump(self) -> None:
         """Send the next request if none is out: the head push, a pull, or a heartbeat."""
-        if not self.alive or self.paused or self.in_flight is not None or self.book is None:
+        if not self.alive or self.paused or self.in_flight is not None or self.pushes is None:
             return
         if self.conn is None or self.connecting:
             if self.conn is None and not self.connecting:
                 self._connect()
             return
         item = self.queue.peek()
-        if item is not None and self.time.now >= self.retry_at:
+        if item is not None and not self.pushes.deferred(self.time.now):
             self._send_push(item)
             return
         wanted = self.book.pulls_wanted()
@@ -281,7 +280,8 @@ class SimLearner(Stoppable):
             self._send("heartbeat", wire.message(wire.HEARTBEAT, poll), lambda r: self._note_versions(
                 r.header.get("versions")))
         else:
-            self._pump_at(min(due, self.retry_at) if self.retry_at > self.time.now else due)
+            retry_at = self.pushes.retry_at
+            self._pump_at(min(due, retry_at) if retry_at > self.time.now else due)
 
     def _pump_at(self, when: float) -> None:
         """One pump timer pending at a time, the earliest wanted (a step asks every time)."""
@@ -296,11 +296,8 @@ class SimLearner(Stoppable):
         self.when_running(self._pump)
 
     def _poll_ms(self) -> int:
-        """trainer/learner.py's: a heartbeat interval, no longer than until the next push falls
-        due, at least POLL_FLOOR_MS, at most MAX_POLL_MS and half a request timeout."""
         cfg = self.cfg
-        seconds = min(cfg.heartbeat_interval, cfg.request_timeout / 2, cfg.sync_every / cfg.fragments * self.step_time)
-        return int(min(MAX_POLL_MS, max(POLL_FLOOR_MS, seconds * 1000)))
+        return poll_ms(cfg.heartbeat_interval, cfg.request_timeout, cfg.sync_every, cfg.fragments, self.step_time)
 
     def _send(self, kind: str, message: wire.Message, on_reply: Callable[[wire.Frame], None]) -> None:
         self.requests += 1
@@ -343,56 +340,23 @@ class SimLearner(Stoppable):
         self._pump()
 
     def _refused(self, request: Request, frame: wire.Frame) -> None:
+        assert self.pushes is not None
         reason = str(frame.header.get("reason"))
-        detail = str(frame.header.get("detail", ""))
-        if reason in {str(r) for r in FATAL_REASONS}:
+        if self.pushes.refused(reason, str(frame.header.get("detail", ""))) is Refused.FATAL:
             self.events.emit("process_stop", role="learner", reason=f"refused: {reason}", incarnation=self.incarnation)
             self.alive = False
-            return
-        item = self.queue.peek()
-        if request.kind != "push" or item is None or not item.claimed:
-            return
-        if reason in {str(r) for r in RETRY_LATER_REASONS}:
-            self.failures_in_a_row += 1
-            delay = self._backoff()
-            self.retry_at = self.time.now + delay
-            self.events.emit("push_deferred", reason=reason, detail=detail, retry_in=round(delay, 3),
-                             fragment=item.fragment, seq=item.seq)
-            return
-        self.queue.pop(item)
-        self.book.refused(item.fragment, item.seq)
-        self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused", reason=reason, detail=detail,
-                         wire_bytes=item.message.wire_size, tokens=item.tokens, steps=item.steps,
-                         id=f"{self.n}:{self.incarnation}:{item.seq}", incarnation=self.incarnation)
 
     def _send_push(self, item: OutgoingPush) -> None:
-        self.book.sent(item.fragment, item.seq)
-        self.queue.claim(item)
-        if item.message is None:
-            header = {"learner": self.n, "incarnation": self.incarnation, "seq": item.seq, "fragment": item.fragment,
-                      "base_version": item.base_version, "tokens": item.tokens, "steps": item.steps,
-                      "position": item.position, "encoding": "fp32", "step_tokens": max(1, self.world.task_tokens)}
-            if item.final:
-                header["final"] = 1
-            item.message = wire.message(wire.PUSH, header, encode(item.delta, "fp32"))
-        item.attempts += 1
+        assert self.pushes is not None
+        pushes = self.pushes
+        pushes.sent(item)
         started = self.time.now
 
         def answered(reply: wire.Frame) -> None:
             self.failures_in_a_row = 0
-            self.queue.pop(item)
-            self._note_versions(reply.header.get("versions"))
-            status = reply.header.get("status")
-            version = int(reply.header.get("version", 0))
-            self.book.answered(item.fragment, item.seq, version + 1 if status == "accepted" else version)
-            self.events.emit("push", fragment=item.fragment, seq=item.seq, id=f"{self.n}:{self.incarnation}:{item.seq}",
-                             base_version=item.base_version, tokens=item.tokens, steps=item.steps,
-                             wire_bytes=item.message.wire_size, encoding="fp32", status=status, version=version,
-                             attempts=item.attempts, coalesced=item.coalesced, residual=item.residual,
-                             final=item.final, latency=round(self.time.now - started, 4),
-                             incarnation=self.incarnation)
+            pushes.answered(item, reply, self.time.now - started)
 
-        self._send("push", item.message, answered)
+        self._send("push", pushes.message(item, self.world.task_tokens), answered)
 
     def _send_pull(self, f: int) -> None:
         def pulled(reply: wire.Frame) -> None:
@@ -405,6 +369,5 @@ class SimLearner(Stoppable):
         self._send("pull", wire.message(wire.PULL, {"fragment": f}), pulled)
 
     def _note_versions(self, versions: list[int] | None) -> None:
-        for r in self.book.note_versions(versions):
-            self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
-                             incarnation=self.incarnation)
+        assert self.pushes is not None
+        self.pushes.note_versions(versions)

@@ -12,7 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from trainer import learner as learner_module
+from trainer.adoption import VersionBook
 from trainer.protocol import Reason, Refusal
+from trainer.push_protocol import PushProtocol
 
 INTERVAL = 0.5  # heartbeat interval (s)
 
@@ -81,14 +83,15 @@ def run(reason: Reason, refusals: int) -> tuple[list[float], list[float], list[d
 
     link = SimpleNamespace(connected=True, last_reply=0.0, request=request,
                            close=lambda reason=None: pytest.fail(f"link closed: {reason}"))
+    log = SimpleNamespace(emit=lambda kind, **f: events.append({"kind": kind, **f}))
+    # The real rules (push_protocol.py) on the fake queue and clock; a push dropped is a failure.
+    pushes = PushProtocol(1, 1, VersionBook.starting_at([0]), queue, log, "fp32", clock.monotonic)
+    queue.pop = lambda pushed: dropped(Refusal(reason, "popped"))  # type: ignore[attr-defined]
     fake = SimpleNamespace(
         closing=closing, drain_over=threading.Event(), stop=Stop(clock), link=link, queue=queue,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push, _pull_new_versions=lambda: None,
-        _note_versions=lambda versions: None, _awaited=lambda: None, _drop_refused_push=dropped,
-        _refusals_in_a_row=0, _retry_at=0.0,
-        events=SimpleNamespace(emit=lambda kind, **f: events.append({"kind": kind, **f})),
-        opts=SimpleNamespace(learner=1))
-    fake._back_off = lambda exc: learner_module.Learner._back_off(fake, exc)  # type: ignore[arg-type]
+        _note_versions=lambda versions: None, _awaited=lambda: None, pushes=pushes, _versions_lock=threading.Lock(),
+        events=log, opts=SimpleNamespace(learner=1))
     original = learner_module.time
     learner_module.time = clock  # type: ignore[assignment]
     try:

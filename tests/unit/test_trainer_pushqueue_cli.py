@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.learner as learner_mod
+import trainer.push_protocol as push_protocol_mod
 from trainer import wire
 from trainer.adoption import VersionBook
 from trainer.__main__ import build_parser
@@ -22,6 +22,7 @@ from trainer.config import SyncerConfig, TrainConfig
 from trainer.learner import Learner, LearnerOptions
 from trainer.link import Address
 from trainer.model import ModelConfig
+from trainer.push_protocol import PushProtocol
 from trainer.pushes import OutgoingPush, PushQueue
 
 REPO = Path(__file__).resolve().parents[2]
@@ -169,6 +170,7 @@ def _bare_learner(encoding: str) -> Learner:
     lrn.incarnation = 1
     lrn.queue = PushQueue(4)
     lrn.book = VersionBook.starting_at([0])
+    lrn.pushes = PushProtocol(1, 1, lrn.book, lrn.queue, lrn.events, encoding, time.monotonic)
     return lrn
 
 
@@ -188,7 +190,7 @@ def test_push_queued_while_the_head_is_being_encoded_is_not_lost(
         return wire.Frame(wire.ACK, {"status": "accepted", "version": 0, "versions": [0]})
 
     lrn.link.request = request  # type: ignore[method-assign]
-    real_encode = learner_mod.encode
+    real_encode = push_protocol_mod.encode
     injected = []
 
     def encode_then_inner_loop_pushes(tensors, enc):
@@ -198,7 +200,7 @@ def test_push_queued_while_the_head_is_being_encoded_is_not_lost(
             lrn.queue.put(_push(0, seq=2, value=2.0, tokens=100, steps=4))
         return out
 
-    monkeypatch.setattr(learner_mod, "encode", encode_then_inner_loop_pushes)
+    monkeypatch.setattr(push_protocol_mod, "encode", encode_then_inner_loop_pushes)
     lrn.queue.put(_push(0, seq=1, value=1.0, tokens=100, steps=4))
     lrn._send_push(lrn.queue.peek())
     while (head := lrn.queue.peek()) is not None:
