@@ -54,7 +54,8 @@ class SimLearner(Stoppable):
         self.cfg = world.train
         self.rng = random.Random(world.seed * 7_919 + n * 104_729 + life)
         self.events = EventLog(world.run_dir, f"learner-{n}", learner=n, monotonic=self.time.monotonic,
-                               wall_clock=self.time.wall, pid=100 * n + life, buffering=-1)
+                               wall_clock=self.time.wall, pid=100 * n + life, buffering=-1,
+                               memory=world.memory)
         self.nonce = f"{n:04x}{life:08x}{world.seed & 0xffffffff:08x}"
         self.step_time = world.step_time * (1.0 + 0.1 * self.rng.random())
         self.alive, self.finishing, self.finished = True, False, False

@@ -13,7 +13,7 @@ from typing import Callable
 
 from trainer import wire
 from trainer.config import SyncerConfig, TrainConfig
-from trainer.events import EventLog
+from trainer.events import EventLog, MemoryEvents
 from trainer.simdisk import SimDisk
 from trainer.syncer import Syncer
 
@@ -34,12 +34,14 @@ def to_frame(message: wire.Message) -> wire.Frame:
 
 
 class SyncerHost(Stoppable):
-    def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path) -> None:
+    def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path,
+                 memory: MemoryEvents | None = None) -> None:
         super().__init__()
         self.time = time
         self.cfg = cfg
         self.train = train
         self.run_dir = run_dir
+        self.memory = memory  # the events kept in memory instead of under run_dir
         self.disk = SimDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
         self.syncer: Syncer | None = None
         self.incarnation = 0
@@ -51,7 +53,7 @@ class SyncerHost(Stoppable):
     def start(self) -> None:
         self.incarnation += 1
         events = EventLog(self.run_dir, "syncer", monotonic=self.time.monotonic, wall_clock=self.time.wall,
-                          pid=SYNCER_PID + self.incarnation, buffering=-1)
+                          pid=SYNCER_PID + self.incarnation, buffering=-1, memory=self.memory)
         self.syncer = Syncer(self.cfg, self.train, SECRET, str(self.run_dir), storage=self.disk,
                              monotonic=self.time.monotonic, events=events, stamp=lambda: {"boot_id": "", "boottime": 0})
         self.syncer.start_stepped(ADDRESS)
