@@ -154,6 +154,13 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
     return result
 
 
+def check_events(view: RunView, checker_options: dict | None = None,
+                 reference: ReferenceCurve | None = None) -> list[Verdict]:
+    """The checks' verdicts alone: what a search needs of a run, without the summary and
+    the verdict document (a run of the simulator's search is judged and dropped)."""
+    return run_checkers(view, with_reference(checker_options, reference))
+
+
 def judge_events(events: list[dict], history: list[dict], learners: int, run_dir: Path | None,
                  checker_options: dict | None = None, data: str = "markov", evaluate: bool = True,
                  reference: ReferenceCurve | None = None) -> RunResult:
@@ -162,7 +169,7 @@ def judge_events(events: list[dict], history: list[dict], learners: int, run_dir
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
     evaluation = final_loss(run_dir, data, events) if evaluate else {}
     view = RunView(events, history, state_dir=run_dir / "state" if run_dir is not None else None)
-    verdicts = run_checkers(view, with_reference(checker_options, reference))
+    verdicts = check_events(view, checker_options, reference)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
     summary.update(evaluation)

@@ -26,7 +26,8 @@ from faults.schedule import ScheduleError
 from trainer import defects
 
 from ..runner import TAIL_SECONDS as TAIL
-from ..runner import evaluate_run, judge_events, run_schedule
+from ..checkers import RunView
+from ..runner import check_events, evaluate_run, run_schedule
 from .world import SimSettings, simulate
 
 EXPLORED_KINDS = ("kill", "pause", "partition", "latency", "power_loss")
@@ -111,9 +112,10 @@ def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome
     if space.backend == "sim" and keep is None:
         world = simulate(schedule, MEMORY_RUN_DIR, SimSettings(learners=space.learners,
                                                                duration=schedule.horizon + space.tail), memory=True)
-        result = judge_events(world.events(), world.history_entries(), space.learners, None, None, "markov", True, None)
-        return Outcome([v.name for v in result.verdicts if v.status == "fail"],
-                       {v.name: v.detail for v in result.verdicts if v.status == "fail"})
+        # No state dir on a real disk (the syncer's is on the SimDisk), as for a run directory.
+        verdicts = check_events(RunView(world.events(), world.history_entries(), state_dir=None))
+        return Outcome([v.name for v in verdicts if v.status == "fail"],
+                       {v.name: v.detail for v in verdicts if v.status == "fail"})
     where = Path(tempfile.mkdtemp(prefix="islands-sim-")) if keep is None else keep
     run_dir = where / "run" if keep is None else keep
     if keep is not None and keep.exists():

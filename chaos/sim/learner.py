@@ -105,6 +105,7 @@ class SimLearner(Stoppable):
                 for name, p in self.model.named_parameters():
                     p.copy_(tensors[name])
         self.params = dict(self.model.named_parameters())
+        self.views = self.world.trainer.views(self.params)  # every change to params is in place
         self.fragment_names = [list(names) for names in h["fragments"]]
         self.book = VersionBook.starting_at(list(h["versions"]))
         self.position = int(h["position"])
@@ -129,7 +130,7 @@ class SimLearner(Stoppable):
             if self.step >= self.last_push_step[f] + self.cfg.overlap:
                 self._adopt(f)
         batch = next(self.batches)
-        loss = self.world.trainer.sgd_step(self.params, batch, LR)
+        loss = self.world.trainer.sgd_step_views(*self.views, batch, LR)
         tokens = self.world.task_tokens
         self.step += 1
         self.position += 1

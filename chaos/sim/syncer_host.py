@@ -8,13 +8,14 @@ power loss keeps only what was synced, a restart recovers from what is there."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 from typing import Callable
 
 from trainer import wire
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.events import EventLog, MemoryEvents
-from trainer.simdisk import SimDisk
+from trainer.simdisk import SimDisk, _key
 from trainer.syncer import Syncer
 
 from .loop import Stoppable, VirtualTime
@@ -33,6 +34,24 @@ def to_frame(message: wire.Message) -> wire.Frame:
     return wire.Frame(message.type, json.loads(message.head), message.payload)
 
 
+class HostDisk(SimDisk):
+    """The SimDisk, with `mkdir` of a directory that exists answered at once: the syncer asks
+    it of its state directories before every write, and SimDisk walks every ancestor of the
+    path first. Every ancestor of a directory it holds is there too (mkdir makes the missing
+    ones, a power loss keeps the reachable ones), so there is nothing to make: the same disk,
+    the same ops count."""
+
+    def mkdir(self, path: Path) -> None:
+        if _key(path) in self._dirs:
+            return
+        super().mkdir(path)
+
+    def crash(self, rng: random.Random | None = None) -> "HostDisk":
+        disk = super().crash(rng)
+        disk.__class__ = HostDisk  # SimDisk.from_image made the base class: the same fields
+        return disk
+
+
 class SyncerHost(Stoppable):
     def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path,
                  memory: MemoryEvents | None = None) -> None:
@@ -42,7 +61,7 @@ class SyncerHost(Stoppable):
         self.train = train
         self.run_dir = run_dir
         self.memory = memory  # the events kept in memory instead of under run_dir
-        self.disk = SimDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
+        self.disk: SimDisk = HostDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
         self.syncer: Syncer | None = None
         self.incarnation = 0
 
