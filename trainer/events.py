@@ -88,15 +88,20 @@ def _plain(value: Any) -> Any:
             return value
         raise _NotPlain
     if t is list:
-        return [_plain(v) for v in value]
+        return [v if type(v) in _SCALARS else _plain(v) for v in value]
     if t is dict:
-        out = {}
-        for k, v in value.items():
-            if type(k) is not str:
-                raise _NotPlain
-            out[k] = _plain(v)
-        return out
+        return _plain_dict(value)
     raise _NotPlain
+
+
+def _plain_dict(value: dict) -> dict:
+    """_plain of a dict: most values of an event are strings and ints, copied as they are."""
+    out = {}
+    for k, v in value.items():
+        if type(k) is not str:
+            raise _NotPlain
+        out[k] = v if type(v) in _SCALARS else _plain(v)
+    return out
 
 
 def as_read(record: dict) -> dict:
@@ -104,7 +109,7 @@ def as_read(record: dict) -> dict:
     (tuples become lists, NaN a string), without the round trip where that changes
     nothing (a simulator keeping its events in memory writes tens of thousands a second)."""
     try:
-        return _plain(record)
+        return _plain_dict(record)
     except _NotPlain:
         try:
             line = json.dumps(record, separators=(",", ":"), allow_nan=False)
