@@ -408,7 +408,8 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
             continue
         base = allowance(w)
         units = {_unit(t) for t in w.targets}
-        learners = view.learners() if "syncer" in units else [int(u.split("-")[1]) for u in units]
+        # In learner order: a set of names iterates in an order that changes with the hash seed.
+        learners = view.learners() if "syncer" in units else sorted(int(u.split("-")[1]) for u in units)
         for learner in learners:
             deadline, extended_by = w.stop + base, []
             for other in windows:
