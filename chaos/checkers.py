@@ -80,18 +80,22 @@ class Window:
 
 @dataclass(frozen=True)
 class RunView:
+    """A finished run as the checks read it. Its events and history do not change once it
+    is made, so what every check asks of them (t0, end, the windows, the learners) is
+    worked out once, not once per check (the simulator's search judges thousands of runs)."""
+
     events: list[dict]
     history: list[dict]
     state_dir: Path | None = None  # the syncer's state directory, read when it wrote no final state
 
-    @property
+    @cached_property
     def t0(self) -> float:
         begins = [h["t"] for h in self.history if h.get("event") == "begin"]
         if begins:
             return begins[0]
         return self.events[0]["t"] if self.events else 0.0
 
-    @property
+    @cached_property
     def end(self) -> float:
         stops = [e["t"] for e in self.events if e["kind"] in ("inner_step", "merge", "sync_step")]
         return max(stops) if stops else self.t0
@@ -103,12 +107,16 @@ class RunView:
         """Each fault that started, from its start to its stop (or the final heal that ended
         it), then each exit of a process on its own until the supervisor restarted it (kind
         `exit`, no index: no schedule asked for it, and every check judges its recovery)."""
+        return list(self._windows)
+
+    @cached_property
+    def _windows(self) -> tuple[Window, ...]:
         faults = [Window(w.index, w.kind, tuple(w.targets), w.start, w.stop)
                   for w in sorted(fault_windows(self.history, self.end), key=lambda w: w.index)
                   if w.start is not None and w.index is not None]
         exits = [Window(None, EXIT, (target,), start, stop) for target, start, stop, _ in
                  exit_windows(self.events, self.end) if target == "syncer" or target.startswith("learner-")]
-        return faults + exits
+        return tuple(faults + exits)
 
     def progress_times(self) -> list[float]:
         """When the global model moved: every sync round, every merge that changed Θ (a merge
@@ -116,8 +124,12 @@ class RunView:
         return [e["t"] for e in self.events if e["kind"] == "sync_step" or (e["kind"] == "merge" and _moved(e))]
 
     def learners(self) -> list[int]:
-        return sorted({e["learner"] for e in self.events if e.get("learner") is not None
-                       and e["process"].startswith("learner")})
+        return list(self._learners)
+
+    @cached_property
+    def _learners(self) -> tuple[int, ...]:
+        return tuple(sorted({e["learner"] for e in self.events if e.get("learner") is not None
+                             and e["process"].startswith("learner")}))
 
     def final_state(self) -> dict | None:
         finals = [e for e in self.events if e["kind"] == "final_state"]
@@ -396,7 +408,8 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
             continue
         base = allowance(w)
         units = {_unit(t) for t in w.targets}
-        learners = view.learners() if "syncer" in units else [int(u.split("-")[1]) for u in units]
+        # In learner order: a set of names iterates in an order that changes with the hash seed.
+        learners = view.learners() if "syncer" in units else sorted(int(u.split("-")[1]) for u in units)
         for learner in learners:
             deadline, extended_by = w.stop + base, []
             for other in windows:

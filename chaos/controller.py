@@ -71,6 +71,23 @@ class History:
             self._fh.close()
 
 
+class MemoryHistory:
+    """A History kept in memory, each entry as read_history() would read it back (the
+    simulator's exploration judges a run without writing it)."""
+
+    def __init__(self, monotonic: Callable[[], float], wall: Callable[[], float]) -> None:
+        self.entries: list[dict] = []
+        self._monotonic, self._wall = monotonic, wall
+
+    def record(self, **fields: Any) -> dict:
+        entry = {"t": self._monotonic(), "wall": self._wall(), **fields}
+        self.entries.append(json.loads(json.dumps(entry, default=str)))  # a few a run: the round trip itself
+        return entry
+
+    def close(self) -> None:
+        pass
+
+
 def read_history(path: str | Path) -> list[dict]:
     out = []
     try:

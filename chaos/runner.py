@@ -33,7 +33,7 @@ TAIL_SECONDS = 20.0
 
 @dataclass
 class RunResult:
-    run_dir: Path
+    run_dir: Path | None  # None: judged from memory
     verdicts: list[Verdict]
     document: dict
     summary: dict
@@ -113,13 +113,16 @@ def syncer_final_eval(events: list[dict], data: str) -> dict | None:
     return {k: e.get(k) for k in ("final_loss", "loss_floor", "unigram_entropy", "data", "metrics") if k in e}
 
 
-def final_loss(run_dir: Path, data: str) -> dict:
+def final_loss(run_dir: Path | None, data: str, events: list[dict] | None = None) -> dict:
     """Held-out loss of the syncer's final parameters: the score the syncer wrote as it
     stopped, or else `trainer eval` of its state dir (the trainer's own CLI, a process
-    that costs a torch import)."""
-    scored = syncer_final_eval(read_events(run_dir), data)
+    that costs a torch import). `events`: the run's, when already read (None: read them
+    from `run_dir`); no `run_dir`: no state dir to evaluate."""
+    scored = syncer_final_eval(read_events(run_dir) if events is None else events, data)
     if scored is not None:
         return scored
+    if run_dir is None:
+        return {}
     state = run_dir / "state"
     if not state.is_dir():
         return {}
@@ -144,15 +147,33 @@ def with_reference(checker_options: dict | None, reference: ReferenceCurve | Non
 
 def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None, data: str = "markov",
                  evaluate: bool = True, reference: ReferenceCurve | None = None) -> RunResult:
+    """Check the run in `run_dir` and write its verdict.json."""
+    result = judge_events(read_events(run_dir), read_history(run_dir / HISTORY_FILE), learners, run_dir,
+                          checker_options, data, evaluate, reference)
+    (run_dir / "verdict.json").write_text(json.dumps(result.document, indent=2))
+    return result
+
+
+def check_events(view: RunView, checker_options: dict | None = None,
+                 reference: ReferenceCurve | None = None) -> list[Verdict]:
+    """The checks' verdicts alone: what a search needs of a run, without the summary and
+    the verdict document (a run of the simulator's search is judged and dropped)."""
+    return run_checkers(view, with_reference(checker_options, reference))
+
+
+def judge_events(events: list[dict], history: list[dict], learners: int, run_dir: Path | None,
+                 checker_options: dict | None = None, data: str = "markov", evaluate: bool = True,
+                 reference: ReferenceCurve | None = None) -> RunResult:
+    """The checks' verdicts on a run's events and history, read once (the simulator's
+    search hands them from memory, with no `run_dir`: no state dir to read)."""
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
-    evaluation = final_loss(run_dir, data) if evaluate else {}
-    view = RunView(read_events(run_dir), read_history(run_dir / HISTORY_FILE), state_dir=run_dir / "state")
-    verdicts = run_checkers(view, with_reference(checker_options, reference))
+    evaluation = final_loss(run_dir, data, events) if evaluate else {}
+    view = RunView(events, history, state_dir=run_dir / "state" if run_dir is not None else None)
+    verdicts = check_events(view, checker_options, reference)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
     summary.update(evaluation)
     document["summary"] = summary
-    (run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
     return RunResult(run_dir, verdicts, document, summary)
 
 

@@ -71,6 +71,75 @@ def _clean(value: Any) -> Any:
     return value
 
 
+class _NotPlain(Exception):
+    """A value the JSON round trip would change (a tuple, an enum, NaN, a non-string key)."""
+
+
+_SCALARS = frozenset((str, int, bool, type(None)))
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy of `value` when it is plain JSON data, which reads back unchanged."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if t is float:
+        if math.isfinite(value):
+            return value
+        raise _NotPlain
+    if t is list:
+        return [v if type(v) in _SCALARS else _plain(v) for v in value]
+    if t is dict:
+        return _plain_dict(value)
+    raise _NotPlain
+
+
+def _plain_dict(value: dict) -> dict:
+    """_plain of a dict: most values of an event are strings and ints, copied as they are."""
+    out = {}
+    for k, v in value.items():
+        if type(k) is not str:
+            raise _NotPlain
+        out[k] = v if type(v) in _SCALARS else _plain(v)
+    return out
+
+
+def as_read(record: dict) -> dict:
+    """`record` as read_events() returns it once written: the JSON round trip's result
+    (tuples become lists, NaN a string), without the round trip where that changes
+    nothing (a simulator keeping its events in memory writes tens of thousands a second)."""
+    try:
+        return _plain_dict(record)
+    except _NotPlain:
+        try:
+            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            line = json.dumps(_clean(record), separators=(",", ":"))
+        return json.loads(line)
+
+
+class MemoryEvents:
+    """A run's event logs kept in memory, one list per file a log would have written; read
+    back as read_events() reads the files (the simulator's exploration reads them once and
+    throws them away: no file is written or parsed)."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, list[dict]] = {}
+
+    def file(self, process: str) -> list[dict]:
+        """The list that stands for `process`'s file: every log of it appends there."""
+        return self._files.setdefault(f"{process}.jsonl", [])
+
+    def events(self) -> list[dict]:
+        """Every event, ordered as read_events() orders a run directory's: file by file in
+        name order, then by monotonic time (a stable sort)."""
+        out: list[dict] = []
+        for name in sorted(self._files):
+            out.extend(self._files[name])
+        out.sort(key=lambda e: e["t"])
+        return out
+
+
 class EventLog:
     """Append-only, thread-safe, one line per event, flushed at once.
 
@@ -80,9 +149,10 @@ class EventLog:
 
     def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None, *,
                  monotonic: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = wall,
-                 pid: int | None = None, buffering: int = 1) -> None:
+                 pid: int | None = None, buffering: int = 1, memory: MemoryEvents | None = None) -> None:
         """The clocks and pid are this process's unless a simulator hands in its own (its
-        logs are then byte-identical from one run of a seed to the next)."""
+        logs are then byte-identical from one run of a seed to the next). With `memory`,
+        the events go there, as read back, instead of to a file under `run_dir`."""
         self.process = process
         self.learner = learner
         self._monotonic = monotonic
@@ -90,15 +160,18 @@ class EventLog:
         self._pid = pid
         self._lock = threading.Lock()
         self._file = None
+        self._memory = memory.file(process) if memory is not None else None
         # A readable copy on stderr for container logs ($ISLANDS_EVENTS_TO_STDERR=1, event_echo.py).
         self._echo = EventEcho() if echo_enabled() else None
-        if run_dir is not None:
+        if self._memory is not None:
+            self.path: Path | None = None
+        elif run_dir is not None:
             path = Path(run_dir) / EVENTS_DIR / f"{process}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             # Line-buffered: a SIGKILLed process leaves every event it wrote. A simulator,
             # whose processes die only on purpose, may buffer (-1) and close.
             self._file = open(path, "a", encoding="utf-8", buffering=buffering)
-            self.path: Path | None = path
+            self.path = path
         else:
             self.path = None
 
@@ -112,6 +185,13 @@ class EventLog:
             "kind": kind,
         }
         record.update(fields)
+        if self._memory is not None:
+            read = as_read(record)
+            with self._lock:
+                self._memory.append(read)
+                if self._echo is not None:
+                    self._echo(record)
+            return record
         try:  # the common case: nothing to clean (a NaN or Inf is rare, and refused here)
             line = json.dumps(record, separators=(",", ":"), allow_nan=False)
         except ValueError:
@@ -125,6 +205,7 @@ class EventLog:
 
     def close(self) -> None:
         with self._lock:
+            self._memory = None  # a closed log keeps nothing more, in memory as in a file
             if self._file is not None:
                 self._file.close()
                 self._file = None

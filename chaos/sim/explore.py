@@ -26,12 +26,16 @@ from faults.schedule import ScheduleError
 from trainer import defects
 
 from ..runner import TAIL_SECONDS as TAIL
-from ..runner import evaluate_run, run_schedule
+from ..checkers import RunView
+from ..runner import check_events, evaluate_run, run_schedule
 from .world import SimSettings, simulate
 
 EXPLORED_KINDS = ("kill", "pause", "partition", "latency", "power_loss")
 MAX_SHRINK_RUNS = {"sim": 300, "local": 12}  # a live shrink step costs a live run
 DRAW_ATTEMPTS = 50
+# Where a run judged from memory says it is (the syncer's configuration names its state
+# dir): never created, as a run directory that was deleted would not be there either.
+MEMORY_RUN_DIR = Path(tempfile.gettempdir()) / "islands-sim-memory" / "run"
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,15 @@ LIVE_TRAINER_ARGS = ("--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--bat
 
 def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome:
     """Run `schedule` (simulated, or live with backend "local") and check it; the run
-    directory is kept only at `keep`."""
+    directory is kept only at `keep`. Simulated and not kept, the run is judged from
+    memory: the events the checks read are the same, and no file is written."""
+    if space.backend == "sim" and keep is None:
+        world = simulate(schedule, MEMORY_RUN_DIR, SimSettings(learners=space.learners,
+                                                               duration=schedule.horizon + space.tail), memory=True)
+        # No state dir on a real disk (the syncer's is on the SimDisk), as for a run directory.
+        verdicts = check_events(RunView(world.events(), world.history_entries(), state_dir=None))
+        return Outcome([v.name for v in verdicts if v.status == "fail"],
+                       {v.name: v.detail for v in verdicts if v.status == "fail"})
     where = Path(tempfile.mkdtemp(prefix="islands-sim-")) if keep is None else keep
     run_dir = where / "run" if keep is None else keep
     if keep is not None and keep.exists():

@@ -53,7 +53,8 @@ class SimLearner(Stoppable):
         self.cfg = world.train
         self.rng = random.Random(world.seed * 7_919 + n * 104_729 + life)
         self.events = EventLog(world.run_dir, f"learner-{n}", learner=n, monotonic=self.time.monotonic,
-                               wall_clock=self.time.wall, pid=100 * n + life, buffering=-1)
+                               wall_clock=self.time.wall, pid=100 * n + life, buffering=-1,
+                               memory=world.memory)
         self.nonce = f"{n:04x}{life:08x}{world.seed & 0xffffffff:08x}"
         self.step_time = world.step_time * (1.0 + 0.1 * self.rng.random())
         self.alive, self.finishing, self.finished = True, False, False
@@ -103,6 +104,7 @@ class SimLearner(Stoppable):
                 for name, p in self.model.named_parameters():
                     p.copy_(tensors[name])
         self.params = dict(self.model.named_parameters())
+        self.views = self.world.trainer.views(self.params)  # every change to params is in place
         self.fragment_names = [list(names) for names in h["fragments"]]
         self.book = VersionBook.starting_at(list(h["versions"]))
         self.pushes = PushProtocol(self.n, self.incarnation, self.book, self.queue, self.events, "fp32",
@@ -129,7 +131,7 @@ class SimLearner(Stoppable):
             if self.step >= self.last_push_step[f] + self.cfg.overlap:
                 self._adopt(f)
         batch = next(self.batches)
-        loss = self.world.trainer.sgd_step(self.params, batch, LR)
+        loss = self.world.trainer.sgd_step_views(*self.views, batch, LR)
         tokens = self.world.task_tokens
         self.step += 1
         self.position += 1

@@ -55,8 +55,19 @@ class LinearTask:
     def sgd_step(self, params: dict[str, torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor], lr: float) -> float:
         """One SGD step on the MSE, its gradient in closed form (no autograd: the simulator
         runs thousands a second); returns the loss before the step."""
+        return self.sgd_step_views(*self.views(params), batch, lr)
+
+    @staticmethod
+    def views(params: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        """The weight row and the bias as numpy views of the parameters: a step through them
+        updates the parameters in place (made once per model, not once per step)."""
+        return params["weight"].detach().numpy()[0], params["bias"].detach().numpy()
+
+    @staticmethod
+    def sgd_step_views(w: np.ndarray, b: np.ndarray, batch: tuple[np.ndarray, np.ndarray], lr: float) -> float:
+        """sgd_step on the views `views` gave, the same operations in the same order (the
+        same bits: a seed's event log does not change)."""
         x, y = batch  # numpy: the pool's batches
-        w, b = params["weight"].detach().numpy()[0], params["bias"].detach().numpy()  # views: updated in place
         err = x @ w
         err += b[0] - y
         n = len(y)
@@ -66,7 +77,9 @@ class LinearTask:
 
     def loss(self, model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         x, y = (torch.as_tensor(t) for t in batch)
-        return ((model(x).squeeze(-1) - y) ** 2).mean()
+        # The module's own forward, without the module call's hook machinery (Θ is scored
+        # after every merge): the same kernel, the same bits.
+        return ((torch.nn.functional.linear(x, model.weight, model.bias).squeeze(-1) - y) ** 2).mean()
 
     def tokens(self, batch: tuple[torch.Tensor, torch.Tensor]) -> int:
         return int(batch[0].shape[0])

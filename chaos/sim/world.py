@@ -17,10 +17,11 @@ import torch
 from faults import Schedule
 from trainer import defects, wire
 from trainer.config import SyncerConfig, TrainConfig
+from trainer.events import MemoryEvents, read_events
 from trainer.protocol import ProtocolError
 from trainer.task import load_task
 
-from ..controller import HISTORY_FILE, History, describe_fault
+from ..controller import HISTORY_FILE, History, MemoryHistory, describe_fault, read_history
 from .learner import Request, SimLearner
 from .loop import EPOCH_MONOTONIC, VirtualTime
 from .network import DOWN, UP, Link
@@ -58,7 +59,10 @@ def unsupported(schedule: Schedule) -> list[str]:
 
 
 class World:
-    def __init__(self, schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings()) -> None:
+    def __init__(self, schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings(),
+                 memory: bool = False) -> None:
+        """`memory`: keep the events and history in memory (`events()`, `history_entries()`)
+        and write nothing under `run_dir`, for a search that judges a run and drops it."""
         problems = unsupported(schedule)
         if problems:
             raise ValueError("the simulator: " + "; ".join(problems))
@@ -81,10 +85,12 @@ class World:
         self.task = load_task(SPEC)      # checked, as the syncer loads it
         self.trainer = LinearTask()      # the learners' closed-form steps
         self.task_tokens = BATCH
-        run_dir.mkdir(parents=True, exist_ok=True)
+        self.memory = MemoryEvents() if memory else None
+        if not memory:
+            run_dir.mkdir(parents=True, exist_ok=True)
         self.syncer = SyncerHost(self.time, SyncerConfig(host="127.0.0.1", port=0, state_dir=str(run_dir / "state"),
                                                          eval_data="held-out", eval_budget=1.0),
-                                 self.train, run_dir)
+                                 self.train, run_dir, self.memory)
         self.links = {n: Link(n, random.Random(self.rng.random())) for n in range(1, settings.learners + 1)}
         self.lives = {n: 0 for n in self.links}
         self.learners: dict[int, SimLearner] = {}
@@ -94,16 +100,29 @@ class World:
         self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
         self._conns = 0
         self._next_tick: float | None = None   # the syncer's earliest timer set
-        self.history = History(run_dir / HISTORY_FILE, self.time.monotonic, self.time.wall)
+        self.history: History | MemoryHistory = (
+            MemoryHistory(self.time.monotonic, self.time.wall) if memory
+            else History(run_dir / HISTORY_FILE, self.time.monotonic, self.time.wall))
+
+    def events(self) -> list[dict]:
+        """The run's events as read_events() would read them from its directory."""
+        return self.memory.events() if self.memory is not None else read_events(self.run_dir)
+
+    def history_entries(self) -> list[dict]:
+        """The run's history as read_history() would read it from its directory."""
+        if isinstance(self.history, MemoryHistory):
+            return self.history.entries
+        return read_history(self.run_dir / HISTORY_FILE)
 
     # ------------------------------------------------------------ running
     def run(self) -> None:
         torch.set_num_threads(1)
-        self.schedule.dump(self.run_dir / "schedule.yaml")
-        (self.run_dir / "run.json").write_text(json.dumps({
-            "backend": "sim", "learners": self.settings.learners, "mode": "decoupled", "task": SPEC,
-            "seed": self.seed, "duration": self.duration, "sync_every": self.settings.sync_every,
-            "fragments": self.settings.fragments, "step_time": self.step_time}, indent=2))
+        if self.memory is None:
+            self.schedule.dump(self.run_dir / "schedule.yaml")
+            (self.run_dir / "run.json").write_text(json.dumps({
+                "backend": "sim", "learners": self.settings.learners, "mode": "decoupled", "task": SPEC,
+                "seed": self.seed, "duration": self.duration, "sync_every": self.settings.sync_every,
+                "fragments": self.settings.fragments, "step_time": self.step_time}, indent=2))
         self.history.record(event="cluster_start", backend="sim", learners=self.settings.learners)
         self.syncer.start()
         for n in self.links:
@@ -351,8 +370,9 @@ def _learner(target: str) -> int:
     return int(target.split("-")[1].split("/")[0])
 
 
-def simulate(schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings()) -> World:
-    world = World(schedule, run_dir, settings)
+def simulate(schedule: Schedule, run_dir: Path, settings: SimSettings = SimSettings(), memory: bool = False) -> World:
+    """Run `schedule`; with `memory`, nothing is written (World.events() has the events)."""
+    world = World(schedule, run_dir, settings, memory)
     world.run()
     return world
 

@@ -3,15 +3,21 @@ disk, judged by the same checkers as a live run."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from chaos.runner import evaluate_run
+from chaos.controller import HISTORY_FILE, read_history
+from chaos.runner import evaluate_run, judge_events
+from chaos.sim.syncer_host import HostDisk
 from chaos.sim.world import SimSettings, event_digest, first_difference, simulate, unsupported
 from faults import Schedule
+from trainer.events import EventLog, MemoryEvents, read_events
+from trainer.protocol import Status
+from trainer.simdisk import SimDisk
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_KIND = """\
@@ -62,6 +68,48 @@ def test_the_same_seed_gives_the_same_event_log_and_another_seed_another(tmp_pat
     assert first_difference(tmp_path / "a", tmp_path / "c") is not None
 
 
+def strictly(value: object) -> object:
+    """`value` with every type spelled out: equal only if equal and of the same types
+    (1 == 1.0 == True, and a tuple is no list once written)."""
+    if isinstance(value, dict):
+        return ("dict", [(k, strictly(v)) for k, v in value.items()])
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [strictly(v) for v in value])
+    return (type(value).__name__, repr(value))
+
+
+def test_a_run_kept_in_memory_is_judged_on_exactly_the_events_its_files_hold(tmp_path: Path) -> None:
+    schedule = schedule_of(EVERY_KIND, tmp_path)
+    run = tmp_path / "run"
+    simulate(schedule, run, SimSettings(learners=3))
+    on_disk = evaluate_run(run, 3)
+    world = simulate(schedule, run, SimSettings(learners=3), memory=True)
+    assert sorted(p.name for p in run.iterdir()) == ["events", "history.jsonl", "run.json", "schedule.yaml",
+                                                     "verdict.json"], "a run kept in memory writes nothing"
+    assert strictly(world.events()) == strictly(read_events(run))
+    assert strictly(world.history_entries()) == strictly(read_history(run / HISTORY_FILE))
+    in_memory = judge_events(world.events(), world.history_entries(), 3, None)
+    assert [v.to_dict() for v in in_memory.verdicts] == [v.to_dict() for v in on_disk.verdicts]
+
+
+def test_an_event_kept_in_memory_is_what_its_json_line_reads_back_as(tmp_path: Path) -> None:
+    odd = {"tuple": (1, (2.0, "x")), "nan": float("nan"), "inf": [float("-inf")], "status": Status.STALE,
+           "keys": {1: True, "n": None}, "nested": {"a": [{"b": -0.0}]}}
+    plain = {"versions": [1, 2], "d": {"x": "y"}, "big": 2 ** 70, "f": 0.1 + 0.2}
+    memory = MemoryEvents()
+    for keep in (None, memory):
+        log = EventLog(tmp_path, "syncer", monotonic=iter([3.0, 2.0, 1.0]).__next__, wall_clock=lambda: 0.0,
+                       pid=1, memory=keep)
+        log.emit("odd", **odd)
+        log.emit("plain", **plain)
+        log.close()
+        log.emit("late")  # after close: nowhere
+    plain["versions"].append(3)  # a list the emitter changes afterwards: the event keeps what it was
+    assert strictly(memory.events()) == strictly(read_events(tmp_path))
+    memory.file("learner-1").extend([{"t": 2.0, "n": 2}, {"t": 0.5, "n": 3}])
+    assert [e.get("n") for e in memory.events()] == [3, 2, None, None], "by time, ties in file-name order"
+
+
 def test_a_fault_the_simulator_cannot_model_is_refused_by_name(tmp_path: Path) -> None:
     schedule = schedule_of("seed: 1\nlearners: 2\nfaults:\n"
                            "- {kind: slicer, at: 1, duration: 2, target: learner-1, average_size: 64}\n"
@@ -100,3 +148,43 @@ def test_chaos_explore_json_reports_the_search(tmp_path: Path) -> None:
     report = json.loads(done.stdout)
     assert report["schedules"] == 8 and report["violations"] == 0 and report["first_failure"] is None
     assert report["seconds"] > 0
+
+
+def test_the_hosts_disk_keeps_and_loses_exactly_what_a_simdisk_does(tmp_path: Path) -> None:
+    """HostDisk's shortcuts (mkdir of an existing directory, fsync_dir comparing text) change
+    nothing: the same random calls on both leave the same disk, op count and crash image."""
+    for seed in range(30):
+        rng = random.Random(seed)
+        disks = [SimDisk(roots=("/r",), record=True), HostDisk(roots=("/r",), record=True)]
+        dirs = ["/r", "/r/a", "/r/a/b", "/r/c"]
+        names = [f"{d}/{n}" for d in dirs for n in ("x", "y", ".x.tmp")]
+        for _ in range(200):  # bounded: 200 calls a seed
+            op = rng.choice(("mkdir", "create", "fsync", "rename", "fsync_dir", "unlink", "crash"))
+            arg, other = rng.choice(names), rng.choice(names)
+            where, content = rng.choice(dirs), bytes([rng.randrange(3)])
+            outcomes = []
+            for i, disk in enumerate(disks):
+                try:
+                    if op == "mkdir":
+                        disk.mkdir(Path(where))
+                    elif op == "create":
+                        disk.create(Path(arg), [content])
+                    elif op == "fsync":
+                        disk.fsync(Path(arg))
+                    elif op == "rename":
+                        disk.rename(Path(arg), Path(other))
+                    elif op == "fsync_dir":
+                        disk.fsync_dir(Path(where))
+                    elif op == "unlink":
+                        disk.unlink(Path(arg))
+                    else:
+                        disks[i] = disk.crash()
+                    outcomes.append("ok")
+                except OSError as exc:
+                    outcomes.append(type(exc).__name__)
+            assert outcomes[0] == outcomes[1], (seed, op)
+            assert disks[0].ops == disks[1].ops
+            assert disks[0].image().digest() == disks[1].image().digest(), (seed, op)
+            assert [[d.listdir(Path(x)) if d.is_dir(Path(x)) else None for x in dirs] for d in disks] == \
+                [[disks[0].listdir(Path(x)) if disks[0].is_dir(Path(x)) else None for x in dirs]] * 2
+        assert type(disks[1]) is HostDisk
