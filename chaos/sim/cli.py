@@ -40,8 +40,10 @@ def sim_main(argv: list[str]) -> int:
                    help="learners (default: the schedule's `learners`, else 2)")
     p.add_argument("--duration", type=positive_float, default=None,
                    help="simulated seconds after t0 (default: the schedule's horizon + 20)")
-    p.add_argument("--sync-every", type=positive_int, default=10, help="H: inner steps between pushes")
-    p.add_argument("--step-time", type=positive_float, default=0.05, help="simulated seconds per inner step")
+    p.add_argument("--sync-every", type=positive_int, default=SimSettings.sync_every,
+                   help="H: inner steps between pushes (explore's)")
+    p.add_argument("--step-time", type=positive_float, default=SimSettings.step_time,
+                   help="simulated seconds per inner step (explore's)")
     p.add_argument("--defect", choices=DEFECT_CHOICES, default=None,
                    help="run with a planted defect in the syncer or the learners (trainer/defects.py)")
     args = p.parse_args(argv)
@@ -130,5 +132,6 @@ def explore_main(argv: list[str]) -> int:
             for name, detail in failure["details"].items():
                 print(f"  FAIL {name}: {detail}")
             print(f"  schedule: {failure['schedule_file']}   run dir: {failure['run_dir']}")
+            print(f"replay in the simulator: {failure['sim_command']}")
             print(f"replay on a live cluster: {failure['live_command']}")
     return 1 if report["violations"] else 0

@@ -242,6 +242,14 @@ def live_command(schedule_file: Path, learners: int, defect: str | None) -> str:
     return (f"{env}python -m chaos run {shlex.quote(str(schedule_file))} --learners {learners} --reference off")
 
 
+def sim_command(schedule_file: Path, schedule: Schedule, space: Space, defect: str | None) -> str:
+    """The `chaos sim` command that replays a schedule exactly as explore ran it (its
+    duration is the horizon plus the search's tail, not `chaos sim`'s default)."""
+    flags = f" --defect {defect}" if defect else ""
+    return (f"python -m chaos sim {shlex.quote(str(schedule_file))} --learners {space.learners} "
+            f"--duration {schedule.horizon + space.tail:g}{flags}")
+
+
 def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = None) -> dict:
     """Search, shrink the first failure, write it under `out`; the report as one object."""
     started = time.monotonic()
@@ -255,6 +263,7 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
         original = draw(seed, first, space)
         shrunk, runs = shrink(original, first_failed, space)
         out.mkdir(parents=True, exist_ok=True)
+        defect = os.environ.get(defects.ENV) or os.environ.get(defects.LEARNER_ENV)
         run_dir = out / "first-failure"
         final = judge(shrunk, space, keep=run_dir)
         schedule_file = out / "first-failure.yaml"
@@ -264,8 +273,8 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
             "failed": final.failed, "details": final.details, "original": original.to_dict(),
             "original_failed": first_failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
             "run_dir": str(run_dir),
-            "live_command": live_command(schedule_file, space.learners,
-                                         os.environ.get(defects.ENV) or os.environ.get(defects.LEARNER_ENV)),
+            "live_command": live_command(schedule_file, space.learners, defect),
+            "sim_command": sim_command(schedule_file, shrunk, space, defect),
         }
     report["seconds"] = round(time.monotonic() - started, 2)
     report["schedules_per_second"] = round(ran / max(report["seconds"], 1e-9), 2)

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+import json
+import shlex
+
+from chaos.sim.cli import sim_main
 from chaos.sim.explore import Space, explore
 from trainer import defects
 
@@ -41,4 +45,11 @@ def test_explore_finds_the_defect_and_shrinks_it_to_two_faults_at_most(defect: s
     assert (tmp_path / "first-failure.yaml").is_file() and (tmp_path / "first-failure" / "verdict.json").is_file()
     live = f"{env}={defect} python -m chaos run {tmp_path / 'first-failure.yaml'} --learners 2 --reference off"
     assert failure["live_command"] == live
+    # The printed `chaos sim` command replays the shrunk failure exactly as explore ran it.
+    argv = shlex.split(failure["sim_command"])
+    assert argv[:4] == ["python", "-m", "chaos", "sim"] and "--defect" in argv, failure["sim_command"]
+    monkeypatch.delenv(env)  # the command plants it itself
+    assert sim_main(argv[4:] + ["--out", str(tmp_path / "replay")]) == 1
+    replayed = json.loads((tmp_path / "replay" / "verdict.json").read_text())
+    assert check in replayed["failed"], f"{check} did not fail in the replay: {replayed['failed']}"
 
