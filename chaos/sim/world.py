@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -100,6 +100,8 @@ class World:
         self.speakers: dict[int, int | None] = {}  # connection -> the learner the syncer knows it speaks for
         self._conns = 0
         self._next_tick: float | None = None   # the syncer's earliest timer set
+        self.t0 = EPOCH_MONOTONIC + WARMUP     # when faults may start (begin() runs up to it)
+        self._injected = 0                     # faults inject() applied, for their history index
         self.history: History | MemoryHistory = (
             MemoryHistory(self.time.monotonic, self.time.wall) if memory
             else History(run_dir / HISTORY_FILE, self.time.monotonic, self.time.wall))
@@ -116,6 +118,17 @@ class World:
 
     # ------------------------------------------------------------ running
     def run(self) -> None:
+        """The schedule, end to end: begin, every fault at its planned instant, finish."""
+        t0 = self.begin()
+        self.history.record(event="begin", seed=self.seed, faults=len(self.schedule.faults), duration=self.duration,
+                            tolerance=0.001)
+        for index, fault in enumerate(self.schedule.faults):
+            self._plan(index, fault, t0)
+        self._run_until(t0 + self.duration)
+        self.finish()
+
+    def begin(self) -> float:
+        """Start the syncer and the learners and run the warm-up; t0, when faults may start."""
         torch.set_num_threads(1)
         if self.memory is None:
             self.schedule.dump(self.run_dir / "schedule.yaml")
@@ -128,27 +141,43 @@ class World:
         for n in self.links:
             self._start_learner(n)
         self._tick()
-        t0 = EPOCH_MONOTONIC + WARMUP
-        limit = int(MAX_ACTIONS_PER_SECOND * (self.duration + WARMUP + SETTLE + 30))
-        self.time.run_until(t0, limit)
+        self.t0 = EPOCH_MONOTONIC + WARMUP
+        self._run_until(self.t0)
         self.history.record(event="heal", reason="start", did=[], ok=True)
-        self.history.record(event="begin", seed=self.seed, faults=len(self.schedule.faults), duration=self.duration,
-                            tolerance=0.001)
-        for index, fault in enumerate(self.schedule.faults):
-            self.time.at(t0 + fault.at, lambda i=index, f=fault: self._fault("start", i, f, t0))
-            if getattr(fault, "restart", True) is not False:
-                self.time.at(t0 + fault.at + fault.duration, lambda i=index, f=fault: self._fault("stop", i, f, t0))
-        self.time.run_until(t0 + self.duration, limit)
+        return self.t0
+
+    def inject(self, fault) -> None:
+        """Apply `fault` now (its `at` is ignored) and heal it `duration` later: one step of a
+        stateful test, which then moves time on with advance()."""
+        at = round(self.time.now - self.t0, 4)
+        self._plan(self._injected, replace(fault, at=at), self.t0)
+        self._injected += 1
+
+    def advance(self, seconds: float) -> None:
+        self._run_until(self.time.now + seconds)
+
+    def finish(self) -> None:
+        """Heal what is still in force, let the learners stop cleanly, stop the syncer."""
         healed = self._heal_all()
         self.history.record(event="heal", reason="end", did=healed, ok=True)
         if healed:
-            self.time.run_until(self.time.now + SETTLE, limit)
+            self._run_until(self.time.now + SETTLE)
         self.history.record(event="end", errors=[])
         for learner in list(self.learners.values()):
             learner.finish()
-        self.time.run_until(self.time.now + 6.0, limit)
+        self._run_until(self.time.now + 6.0)
         self.syncer.stop()
         self.history.close()
+
+    def _plan(self, index: int, fault, t0: float) -> None:
+        self.time.at(t0 + fault.at, lambda: self._fault("start", index, fault, t0))
+        if getattr(fault, "restart", True) is not False:
+            self.time.at(t0 + fault.at + fault.duration, lambda: self._fault("stop", index, fault, t0))
+
+    def _run_until(self, end: float) -> None:
+        """Time moves on to `end`; the action count is bounded by the simulated time (a livelock
+        is an error, not a hang)."""
+        self.time.run_until(end, int(MAX_ACTIONS_PER_SECOND * (end - EPOCH_MONOTONIC + SETTLE + 30)))
 
     def _tick(self) -> None:
         """The syncer's timers: tick it now (after an input, or when it asked), answer the
