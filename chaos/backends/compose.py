@@ -100,6 +100,7 @@ TASK_MOUNT = "/islands/task"  # where every container sees the user's task folde
 
 DISK_OVERRIDE_FILE = "compose.disk.yaml"
 DISK_CONTROL = "/run/islands-diskfs.sock"  # the disk layer's control socket inside the syncer's container
+DISK_DAEMON_START_S = 30.0  # how long a restarted container's disk layer may take to answer its socket
 
 
 def disk_layer_override() -> dict:
@@ -493,8 +494,11 @@ class ComposeCluster(Cluster):
         c = self._container(target)
         if self._state(c) != "running":
             return  # down (a kill, a power loss, a restart): it starts in the mode just written
-        code, out = c.exec_run(["python3", "-m", "chaos.diskfs.client", DISK_CONTROL, "mode", mode,
-                                "--latency-ms", f"{latency_ms:g}"])
+        # Running is not answering: a container Docker has just started again (the syncer ended
+        # with 75 after a failed disk) may not have its daemon up yet, and that daemon may have
+        # read the mode file before it was written above, so the mode must still reach it.
+        code, out = c.exec_run(["python3", "-m", "chaos.diskfs.client", DISK_CONTROL, "--wait", f"{DISK_DAEMON_START_S:g}",
+                                "mode", mode, "--latency-ms", f"{latency_ms:g}"])
         if code != 0:
             raise ComposeError(f"{target}: setting its disk to {mode} failed (exit {code}): "
                                f"{out.decode(errors='replace').strip()[-500:]}")

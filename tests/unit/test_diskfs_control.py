@@ -224,3 +224,33 @@ def test_the_command_line(served, capsys) -> None:
     with pytest.raises(SystemExit) as info:
         client_main([str(where), "mode", "lost"])
     assert info.value.code == 2
+
+
+def test_the_client_waits_for_a_daemon_that_is_starting_again(ops, tmp_path, monkeypatch) -> None:
+    """A container Docker started again answers `running` before its daemon made the socket:
+    with --wait the mode still reaches the daemon; without, the call fails at once."""
+    import chaos.diskfs.client as client
+
+    where = tmp_path / "control.sock"
+    servers: list[ControlServer] = []
+    attempts: list[bool] = []
+    real_connect = client.connect
+
+    def connect_then_start(path, timeout):
+        attempts.append(where.exists())
+        if len(attempts) == 2:  # the daemon comes up between the client's tries
+            servers.append(ControlServer(where, ops.policy.set_mode, ops.status).start())
+        return real_connect(path, timeout)
+
+    monkeypatch.setattr(client, "connect", connect_then_start)
+    with pytest.raises(client.DaemonNotUp, match="control.sock: no such socket"):
+        DiskControl(where, timeout=1.0).set_mode("none")
+    assert len(attempts) == 1
+    try:
+        assert client_main([str(where), "--wait", "10", "mode", "eio"]) == 0
+        assert ops.policy.mode == "eio" and attempts[1:] == [False] * (len(attempts) - 1)
+    finally:
+        for server in servers:
+            server.stop()
+    with pytest.raises(client.DaemonNotUp, match=r"no such socket after waiting 0.3 s"):
+        DiskControl(tmp_path / "never.sock", timeout=1.0, wait=0.3).status()
