@@ -133,7 +133,7 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
                    help="seconds an authenticated connection may stay silent (default 30)")
     a.add_argument("--max-step-rate", type=positive_float, default=SyncerConfig.max_step_rate,
                    help="inner steps per second a learner can do at most: bounds the steps a push may claim "
-                        "(default 2000)")
+                        "(default 20000)")
     a.add_argument("--max-step-tokens", type=int, default=SyncerConfig.max_step_tokens,
                    help="tokens one inner step of a unit may weigh; bounds a push's tokens (default 0: 2^30)")
     a.add_argument("--max-norm-ratio", type=positive_float, default=SyncerConfig.max_norm_ratio,
