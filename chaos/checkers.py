@@ -571,10 +571,21 @@ def check_no_lost_acks(view: RunView) -> Verdict:
 
 
 def check_no_double_apply(view: RunView) -> Verdict:
+    """No push id is merged twice, no ledger holds an id twice, and no learner's progress is
+    merged twice under two ids: each push claims the data position its learner had reached
+    (windows consumed), so two merged pushes of one incarnation and fragment at the same
+    position carry the same steps. Ids alone miss a learner that sends a push again under a
+    new id (the fresh_id_on_retry defect). Two incarnations may claim one position: a
+    learner started again trains from where the syncer last heard it, and that is new work."""
     skip = _not_applicable(view, "no_double_apply")
     if skip is not None:
         return skip
+    claimed: dict[str, tuple] = {}  # id -> (learner, incarnation, fragment, position), from the acceptances
+    for e in view.events:
+        if e["kind"] == "push_accepted" and e.get("position") is not None and (e.get("steps") or 0) > 0:
+            claimed[e["id"]] = (e["learner"], e["incarnation"], e["fragment"], e["position"])
     seen: dict[str, float] = {}
+    progress: dict[tuple, str] = {}
     doubles = []
     for e in view.events:
         if e["kind"] != "merge":
@@ -583,6 +594,10 @@ def check_no_double_apply(view: RunView) -> Verdict:
             if c["id"] in seen:
                 doubles.append({"id": c["id"], "first": view.rel(seen[c["id"]]), "again": view.rel(e["t"])})
             seen.setdefault(c["id"], e["t"])
+            key = claimed.get(c["id"])
+            if key is not None and progress.setdefault(key, c["id"]) != c["id"]:
+                doubles.append({"id": c["id"], "same_progress_as": progress[key], "learner": key[0],
+                                "fragment": key[2], "position": key[3], "again": view.rel(e["t"])})
     final = view.last_final_state()
     ledgers = final["applied"] if final is not None and "applied" in final else \
         (view.durable.applied if view.durable is not None else {})

@@ -29,10 +29,17 @@ DEFECTS = {
                     "acknowledged and not yet merged is lost",
     "version_from_zero": "restores Θ after a restart but counts every fragment's versions from 0 again: "
                          "versions go back",
+    # Merge-rule defects, in the syncer core (issue 28).
+    "living_quorum": "counts and takes only the pushes of learners alive (or finished) at merge time: the "
+                     "acknowledged pushes of a learner that died or was cut off before its round merged are "
+                     "dropped, never applied",
     "merge_nothing": "merges as usual (versions, ledgers, events) but leaves the global parameters "
                      "as they were: the outer step is lost, so nothing the learners do is ever merged",
 }
 LEARNER_DEFECTS = {
+    "fresh_id_on_retry": "sends a push again under a new seq after a reconnect or a refusal, instead of its "
+                         "own: a push the syncer accepted but whose answer was lost is accepted and merged "
+                         "again, its progress applied twice under two ids",
     "never_adopt": "adopts every merged version in its bookkeeping (versions, apply events) but never "
                    "copies the global parameters into its model: it trains on alone",
 }

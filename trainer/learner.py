@@ -266,7 +266,7 @@ class Learner:
         # What a push says and what its answers and refusals do (push_protocol.py, shared
         # with the simulator's stand-in): called under _versions_lock, as the book is.
         self.pushes = PushProtocol(self.opts.learner, self.incarnation, self.book, self.queue, self.events,
-                                   cfg.encoding, time.monotonic)
+                                   cfg.encoding, time.monotonic, defect=self.defect)
         refs = {f: {n: self.params[n].detach().clone() for n in names}
                 for f, names in enumerate(self.fragment_names)}
         # The global parameters last adopted, per fragment: what convergence is measured against.

@@ -24,6 +24,7 @@ from .events import EventLog
 from .protocol import FATAL_REASONS, MAX_POLL_MS, RETRY_LATER_REASONS, Reason
 from .pushes import OutgoingPush, PushQueue
 
+RENAMED_SEQ_STRIDE = 1 << 32  # the fresh_id_on_retry defect's new seqs: never one the learner will use
 POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
 # Seconds between sends after "not now" (storage) refusals: 0.2 doubling to 2, plus up to 0.2 of jitter.
 BACKOFF_INITIAL, BACKOFF_MAX, BACKOFF_JITTER = 0.2, 2.0, 0.2
@@ -36,7 +37,7 @@ class Refused(enum.Enum):
     IGNORED = "ignored"      # a refusal of no push (a heartbeat's, a pull's)
 
 
-BACKOFF = wait_exponential_jitter(initial=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER)
+BACKOFF = wait_exponential_jitter(multiplier=BACKOFF_INITIAL, max=BACKOFF_MAX, jitter=BACKOFF_JITTER)
 
 
 def backoff(attempt: int, rng: random.Random | None = None) -> float:
@@ -65,7 +66,8 @@ class PushProtocol:
     """One incarnation's pushes: their messages, answers and refusals."""
 
     def __init__(self, learner: int, incarnation: int, book: VersionBook, queue: PushQueue, events: EventLog,
-                 encoding: str, monotonic: Callable[[], float], rng: random.Random | None = None) -> None:
+                 encoding: str, monotonic: Callable[[], float], rng: random.Random | None = None,
+                 defect: str | None = None) -> None:
         self.learner = learner
         self.incarnation = incarnation
         self.book = book
@@ -74,6 +76,8 @@ class PushProtocol:
         self.encoding = encoding
         self.monotonic = monotonic
         self.rng = rng
+        self.defect = defect  # a planted learner defect (trainer/defects.py), or None
+        self.renamed: dict[int, int] = {}  # fresh_id_on_retry: a push's seq now -> the seq the book knows
         self.refusals_in_a_row = 0
         self.retry_at = 0.0  # the head push waits until then after a "not now" refusal
 
@@ -93,6 +97,11 @@ class PushProtocol:
     def message(self, item: OutgoingPush, step_tokens: int) -> wire.Message:
         """A claimed push's message, built once: a retry is the same push, under the same id.
         Reads only the push (no book, no queue): the caller builds it off its lock."""
+        if item.message is not None and self.defect == "fresh_id_on_retry":
+            first = self.renamed.pop(item.seq, item.seq)
+            item.seq += RENAMED_SEQ_STRIDE
+            self.renamed[item.seq] = first
+            item.message = None
         if item.message is None:
             header = {"learner": self.learner, "incarnation": self.incarnation, "seq": item.seq,
                       "fragment": item.fragment, "base_version": item.base_version, "tokens": item.tokens,
@@ -112,6 +121,7 @@ class PushProtocol:
         self.note_versions(reply.header.get("versions"))
         status = reply.header.get("status")
         version = int(reply.header.get("version", 0))
+        self._known_as(item)
         self.book.answered(item.fragment, item.seq, version + 1 if status == "accepted" else version)
         self.events.emit("push", fragment=item.fragment, seq=item.seq, id=self.ident(item),
                          base_version=item.base_version, tokens=item.tokens, steps=item.steps,
@@ -138,11 +148,19 @@ class PushProtocol:
         if item is None or not item.claimed:
             return Refused.IGNORED
         self.queue.pop(item)
+        self._known_as(item)
         self.book.refused(item.fragment, item.seq)
         self.events.emit("push", fragment=item.fragment, seq=item.seq, status="refused", reason=str(reason),
                          detail=detail, wire_bytes=item.message.wire_size if item.message else 0,
                          tokens=item.tokens, steps=item.steps, id=self.ident(item), incarnation=self.incarnation)
         return Refused.DROPPED
+
+    def _known_as(self, item: OutgoingPush) -> None:
+        """fresh_id_on_retry: the book awaits the push under the seq it was sent with first."""
+        first = self.renamed.pop(item.seq, None)
+        if first is not None:
+            self.book.awaiting[item.fragment].pop(first, None)
+            self.book.sent(item.fragment, item.seq)
 
     def note_versions(self, versions: list[int] | None) -> None:
         """Versions a reply carried: a syncer that went back is followed, and said."""

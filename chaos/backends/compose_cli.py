@@ -102,7 +102,7 @@ def run_engine_cli(argv: list[str], cwd: Path, env: dict[str, str], timeout: flo
     deadline = time.monotonic() + timeout
     attempts = 0
     for attempt in Retrying(stop=stop_after_attempt(retries + 1),
-                            wait=wait_exponential_jitter(initial=1.0, max=15.0, jitter=1.0),
+                            wait=wait_exponential_jitter(multiplier=1.0, max=15.0, jitter=1.0),
                             retry=retry_if_exception(lambda e: isinstance(e, _EngineSlow)
                                                      and time.monotonic() < deadline - 1.0), reraise=True):
         with attempt:

@@ -76,7 +76,8 @@ class SimLearner(Stoppable):
 
     # ------------------------------------------------------------------ life
     def start(self) -> None:
-        self.events.emit("process_start", role="learner", mode=self.cfg.mode, defect=None, simulated=True)
+        self.events.emit("process_start", role="learner", mode=self.cfg.mode, defect=self.world.learner_defect,
+                         simulated=True)
         self._connect()
 
     def kill(self) -> None:
@@ -108,7 +109,7 @@ class SimLearner(Stoppable):
         self.fragment_names = [list(names) for names in h["fragments"]]
         self.book = VersionBook.starting_at(list(h["versions"]))
         self.pushes = PushProtocol(self.n, self.incarnation, self.book, self.queue, self.events, "fp32",
-                                   self.time.monotonic, self.rng)
+                                   self.time.monotonic, self.rng, defect=self.world.learner_defect)
         self.position = int(h["position"])
         # The raw task's numpy batches, for its closed-form steps (the syncer scores Θ through the checked task).
         self.batches = self.world.trainer.batches(self.n - 1, self.cfg.num_learners, self.cfg.seed,

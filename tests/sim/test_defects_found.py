@@ -24,7 +24,9 @@ CASES = {
     "forget_members": (defects.ENV, "rejoined", 500),
     "drop_pending": (defects.ENV, "no_lost_acks", 100),
     "version_from_zero": (defects.ENV, "monotonic_versions", 100),
+    "living_quorum": (defects.ENV, "no_lost_acks", 100),
     "never_adopt": (defects.LEARNER_ENV, "converged", 20),
+    "fresh_id_on_retry": (defects.LEARNER_ENV, "no_double_apply", 100),
 }
 
 

@@ -790,6 +790,35 @@ def test_no_double_apply_tells_incarnations_apart():
     assert check_no_double_apply(view(events)).status == PASS
 
 
+def accepted(t: float, learner: int, seq: int, position: int, incarnation: int = 1, fragment: int = 0) -> dict:
+    """The syncer's `push_accepted`, with the data position the push claimed."""
+    return ev(t, "push_accepted", learner=learner, incarnation=incarnation, seq=seq,
+              id=push_id(learner, seq, incarnation), fragment=fragment, base_version=0, version=1, tokens=2048,
+              steps=4, position=position)
+
+
+def test_no_double_apply_fails_on_one_progress_merged_under_two_ids():
+    """A learner that sends a push again under a new seq (its answer lost): two ids, one
+    position, both merged. The ids differ, so only the claimed position shows it."""
+    retried = 1 + (1 << 32)
+    events = [accepted(4.0, 1, 1, position=40), merge(5.0, 0, 1, [contributor(1, 1)]),
+              accepted(6.0, 1, retried, position=40), merge(7.0, 0, 2, [contributor(1, retried)]),
+              accepted(8.0, 1, 2, position=80), merge(9.0, 0, 3, [contributor(1, 2)])]
+    verdict = check_no_double_apply(view(events))
+    assert verdict.status == FAIL
+    assert verdict.evidence["doubles"] == [{"id": f"1:1:{retried}", "same_progress_as": "1:1:1", "learner": 1,
+                                            "fragment": 0, "position": 40, "again": 7.0}]
+
+
+def test_no_double_apply_lets_fragments_and_incarnations_share_a_position():
+    """Fragments pushed at one step share its position, and a learner started again trains
+    from where the syncer last heard of it: new work, not a double."""
+    events = [accepted(4.0, 1, 1, position=40, fragment=0), accepted(4.0, 1, 2, position=40, fragment=1),
+              merge(5.0, 0, 1, [contributor(1, 1)]), merge(5.0, 1, 1, [contributor(1, 2)]),
+              accepted(6.0, 1, 1, position=40, incarnation=2), merge(7.0, 0, 2, [contributor(1, 1, incarnation=2)])]
+    assert check_no_double_apply(view(events)).status == PASS
+
+
 # --------------------------------------------------------------------------- monotonic_versions
 
 

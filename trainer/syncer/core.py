@@ -634,7 +634,8 @@ class SyncerCore:
         fields = dict(learner=req.learner, incarnation=req.incarnation, seq=req.seq, id=req.ident, fragment=req.index)
         if ticket.status == Status.ACCEPTED:
             self.events.emit("push_accepted", **fields, base_version=req.base_version, version=ticket.version,
-                             tokens=req.tokens, steps=req.steps, encoding=req.encoding, wire_bytes=req.wire_bytes,
+                             tokens=req.tokens, steps=req.steps, position=req.position, encoding=req.encoding,
+                             wire_bytes=req.wire_bytes,
                              state_bytes=nbytes, commit_group=group, final=req.final)
         elif ticket.status == Status.DUPLICATE:
             self.events.emit("push_duplicate", **fields)
@@ -812,6 +813,9 @@ class SyncerCore:
         started = self.monotonic()
         taken = list(frag.pending)
         frag.pending = []
+        if self.defect == "living_quorum":  # a departed learner's acknowledged pushes are dropped
+            counted = {m.learner for m in self.members.weighed()}
+            taken = [p for p in taken if p.contribution.learner in counted]
         frag.merging.update(p.contribution.ident for p in taken)
         step, taken = self._mergeable_step(frag, taken, final)
         if step is None:
