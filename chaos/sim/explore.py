@@ -237,9 +237,13 @@ def _simpler(fault, min_at: float) -> Iterator:
         yield replace(fault, latency_ms=50.0)
 
 
-def live_command(schedule_file: Path, learners: int, defect: str | None) -> str:
+def live_command(schedule_file: Path, learners: int, defect: str | None, duration: float | None = None) -> str:
+    """The `chaos run` that replays a schedule live as `explore --backend local` runs it:
+    its duration (when given) and the small model's trainer flags after `--`."""
     env = f"{defects.LEARNER_ENV if defect in defects.LEARNER_DEFECTS else defects.ENV}={defect} " if defect else ""
-    return (f"{env}python -m chaos run {shlex.quote(str(schedule_file))} --learners {learners} --reference off")
+    length = f" --duration {duration:g}" if duration is not None else ""
+    return (f"{env}python -m chaos run {shlex.quote(str(schedule_file))} --learners {learners}{length} "
+            f"--reference off -- {' '.join(LIVE_TRAINER_ARGS)}")
 
 
 def sim_command(schedule_file: Path, schedule: Schedule, space: Space, defect: str | None) -> str:
@@ -273,7 +277,8 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
             "failed": final.failed, "details": final.details, "original": original.to_dict(),
             "original_failed": first_failed, "shrink_runs": runs, "schedule_file": str(schedule_file),
             "run_dir": str(run_dir),
-            "live_command": live_command(schedule_file, space.learners, defect),
+            "live_command": live_command(schedule_file, space.learners, defect,
+                                         shrunk.horizon + max(space.tail, TAIL)),
             "sim_command": sim_command(schedule_file, shrunk, space, defect),
         }
     report["seconds"] = round(time.monotonic() - started, 2)

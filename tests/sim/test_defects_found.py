@@ -11,7 +11,7 @@ import json
 import shlex
 
 from chaos.sim.cli import sim_main
-from chaos.sim.explore import Space, explore
+from chaos.sim.explore import LIVE_TRAINER_ARGS, Space, explore
 from trainer import defects
 
 # defect -> (the environment variable that plants it, the check that must fail, the search budget)
@@ -45,8 +45,9 @@ def test_explore_finds_the_defect_and_shrinks_it_to_two_faults_at_most(defect: s
     assert failure["faults"] <= 2, failure["schedule"]
     assert check in failure["failed"], failure["details"]
     assert (tmp_path / "first-failure.yaml").is_file() and (tmp_path / "first-failure" / "verdict.json").is_file()
-    live = f"{env}={defect} python -m chaos run {tmp_path / 'first-failure.yaml'} --learners 2 --reference off"
-    assert failure["live_command"] == live
+    live = f"{env}={defect} python -m chaos run {tmp_path / 'first-failure.yaml'} --learners 2 --duration "
+    assert failure["live_command"].startswith(live), failure["live_command"]
+    assert failure["live_command"].endswith(" --reference off -- " + " ".join(LIVE_TRAINER_ARGS))
     # The printed `chaos sim` command replays the shrunk failure exactly as explore ran it.
     argv = shlex.split(failure["sim_command"])
     assert argv[:4] == ["python", "-m", "chaos", "sim"] and "--defect" in argv, failure["sim_command"]
