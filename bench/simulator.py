@@ -12,6 +12,11 @@ lines it executed.
 
     python bench/simulator.py                       # 2,000 schedules on 2 processes
     python bench/simulator.py --schedules 10000 --coverage 200
+    python bench/simulator.py --schedules 1000000 --ledger bench/out/simulator-long.jsonl
+
+A long run goes in chunks of --chunk schedules; with --ledger each finished chunk is
+appended there and is not run again, so a million schedules can span sessions (the
+ledger names each chunk's commit and rate) and an interrupted run loses one chunk.
 
 BENCHMARKS.md ("Simulator") has the table.
 """
@@ -21,6 +26,8 @@ import inspect
 import json
 import multiprocessing
 import os
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,9 +39,11 @@ from chaos.sim.explore import Space, draw, judge  # noqa: E402
 from trainer.argtypes import Parser, non_negative_int, positive_int  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CORES = ("trainer/syncer/core.py", "trainer/syncer/outer_step.py", "trainer/syncer/service.py",
-         "trainer/push_protocol.py", "trainer/merge_rule.py", "trainer/adoption.py", "trainer/membership.py",
-         "trainer/group_commit.py", "trainer/validation.py", "trainer/outer.py", "trainer/state.py")
+CORES = ("trainer/syncer/core.py", "trainer/syncer/fragment_state.py", "trainer/syncer/outer_step.py",
+         "trainer/syncer/service.py", "trainer/push_protocol.py", "trainer/pushes.py", "trainer/merge_rule.py",
+         "trainer/adoption.py", "trainer/membership.py", "trainer/admission.py", "trainer/quarantine.py",
+         "trainer/group_commit.py", "trainer/validation.py", "trainer/outer.py", "trainer/state.py",
+         "trainer/storage.py")
 DEFAULT_OUT = ROOT / "bench" / "out" / "simulator.json"
 
 
@@ -47,15 +56,102 @@ def one(args: tuple[int, int, Space]) -> dict:
             "simulated": schedule.horizon + space.tail, "faults": len(schedule.faults)}
 
 
-def run(seed: int, count: int, space: Space, jobs: int) -> tuple[list[dict], float]:
-    started = time.perf_counter()
-    tasks = [(seed, i, space) for i in range(count)]
+def space_key(space: Space) -> dict:
+    """What a ledger's chunk must match to count towards a run: the same schedules."""
+    return {"learners": space.learners, "max_faults": space.max_faults, "horizon": space.horizon,
+            "kinds": list(space.kinds), "tail": space.tail, "min_at": space.min_at}
+
+
+def commit() -> str:
+    """The checkout's commit, so a ledger that grew over several sessions says what ran."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+
+
+def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dict:
+    """Schedules start..start+count-1 of `seed`, summed up (a million rows are not kept)."""
+    tasks = [(seed, i, space) for i in range(start, start + count)]
+    began = time.perf_counter()
     if jobs == 1:
         rows = [one(t) for t in tasks]
     else:
         with multiprocessing.get_context("fork").Pool(jobs) as pool:
             rows = list(pool.imap(one, tasks, chunksize=8))
-    return rows, time.perf_counter() - started
+    wall = time.perf_counter() - began
+    per = sorted(r["seconds"] for r in rows)
+    failed = [{"index": r["index"], "checks": r["failed"]} for r in rows if r["failed"]]
+    return {"seed": seed, "start": start, "count": count, "space": space_key(space), "jobs": jobs,
+            "commit": commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "wall_seconds": round(wall, 3), "simulated_seconds": round(sum(r["simulated"] for r in rows), 1),
+            "faults": sum(r["faults"] for r in rows), "median_s": per[len(per) // 2],
+            "p99_s": per[int(len(per) * 0.99)], "max_s": per[-1], "violations": len(failed), "failed": failed[:20]}
+
+
+def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], dict]:
+    """The chunks already run for this seed and space, by (start, count). A line cut short
+    by an interrupted write is skipped (its chunk runs again)."""
+    done: dict[tuple[int, int], dict] = {}
+    if not path.exists():
+        return done
+    key = space_key(space)
+    for line in path.read_text().splitlines():
+        try:
+            chunk = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if chunk.get("seed") == seed and chunk.get("space") == key:
+            done[(chunk["start"], chunk["count"])] = chunk
+    return done
+
+
+def append_ledger(path: Path, chunk: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(chunk, separators=(",", ":")) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def run(seed: int, count: int, space: Space, jobs: int, chunk: int, ledger: Path | None,
+        say=print) -> list[dict]:
+    """Every chunk of schedules 0..count-1, from the ledger where it already ran there
+    (a long run goes on where it stopped), each new one appended as it ends."""
+    done = read_ledger(ledger, seed, space) if ledger is not None else {}
+    chunks = []
+    for start in range(0, count, chunk):
+        size = min(chunk, count - start)
+        found = done.get((start, size))
+        if found is None:
+            found = run_chunk(seed, start, size, space, jobs)
+            if ledger is not None:
+                append_ledger(ledger, found)
+            ran = sum(c["count"] for c in chunks) + size
+            say(f"  {ran:>9} of {count}: {size / found['wall_seconds']:.1f} schedules/s, "
+                f"{found['violations']} violations")
+        chunks.append(found)
+    return chunks
+
+
+def summarize(chunks: list[dict], space: Space) -> dict:
+    """One result over every chunk (which may come from several sessions and commits)."""
+    wall = sum(c["wall_seconds"] for c in chunks)
+    count = sum(c["count"] for c in chunks)
+    simulated = sum(c["simulated_seconds"] for c in chunks)
+    failed = [f for c in chunks for f in c["failed"]]
+    return {"schedules": count, "jobs": sorted({c["jobs"] for c in chunks}), "seed": chunks[0]["seed"],
+            "chunks": len(chunks), "commits": sorted({c["commit"] for c in chunks}),
+            "wall_seconds": round(wall, 2), "schedules_per_second": round(count / wall, 2),
+            "simulated_seconds": round(simulated, 1), "speedup": round(simulated / wall, 1),
+            "per_schedule_median_s": round(statistics.median(c["median_s"] for c in chunks), 4),
+            "per_schedule_p99_s": round(max(c["p99_s"] for c in chunks), 4),
+            "per_schedule_max_s": round(max(c["max_s"] for c in chunks), 4),
+            "chunk_rates": {"min": round(min(c["count"] / c["wall_seconds"] for c in chunks), 2),
+                            "max": round(max(c["count"] / c["wall_seconds"] for c in chunks), 2)},
+            "faults": sum(c["faults"] for c in chunks), "violations": sum(c["violations"] for c in chunks),
+            "failed": failed[:20], "space": space_key(space)}
 
 
 def executable_lines(path: Path) -> set[int]:
@@ -72,10 +168,14 @@ def executable_lines(path: Path) -> set[int]:
     return lines
 
 
-def coverage(seed: int, count: int, space: Space) -> dict[str, dict]:
-    """Line coverage of CORES over `count` schedules (sys.settrace, this process only)."""
+def coverage(seed: int, count: int, space: Space) -> dict:
+    """Line coverage of CORES over schedules 0..count-1 (sys.settrace, this process only):
+    per file at the end, and the share of all their lines after 1, 10, 100, ... schedules,
+    which says whether more schedules would still reach more of the cores."""
     files = {str((ROOT / f).resolve()): f for f in CORES}
     hit: dict[str, set[int]] = {f: set() for f in CORES}
+    lines = {f: executable_lines(ROOT / f) for f in CORES}
+    total = sum(len(v) for v in lines.values())
 
     def tracer(frame, event, arg):
         name = files.get(frame.f_code.co_filename)
@@ -85,17 +185,20 @@ def coverage(seed: int, count: int, space: Space) -> dict[str, dict]:
             hit[name].add(frame.f_lineno)
         return tracer
 
+    growth = []
+    marks = {10 ** k for k in range(12)} | {count}
     sys.settrace(tracer)
     try:
         for i in range(count):
             judge(draw(seed, i, space), space)
+            if i + 1 in marks:
+                run_lines = sum(len(hit[f] & lines[f]) for f in CORES)
+                growth.append({"schedules": i + 1, "lines_run": run_lines, "share": round(run_lines / total, 4)})
     finally:
         sys.settrace(None)
-    out = {}
-    for f in CORES:
-        lines = executable_lines(ROOT / f)
-        out[f] = {"lines": len(lines), "run": len(hit[f] & lines), "share": len(hit[f] & lines) / max(1, len(lines))}
-    return out
+    per_file = {f: {"lines": len(lines[f]), "run": len(hit[f] & lines[f]),
+                    "share": len(hit[f] & lines[f]) / max(1, len(lines[f]))} for f in CORES}
+    return {"files": per_file, "growth": growth, "lines": total}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,33 +209,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--coverage", type=non_negative_int, default=0,
                    help="schedules to rerun under the line tracer for the cores' coverage (0: none)")
     p.add_argument("--out", type=output_file, default=DEFAULT_OUT, help="the JSON written at the end")
+    p.add_argument("--chunk", type=positive_int, default=10000,
+                   help="schedules per chunk: the unit a long run records and resumes by")
+    p.add_argument("--ledger", type=output_file, default=None,
+                   help="a JSONL file of finished chunks: those already there for this seed and space are "
+                        "not run again, each new one is appended as it ends (a million schedules span "
+                        "sessions; default: none, every chunk runs)")
     args = p.parse_args(argv)
     space = Space()
-    rows, wall = run(args.seed, args.schedules, space, args.jobs)
-    simulated = sum(r["simulated"] for r in rows)
-    failed = [r for r in rows if r["failed"]]
-    per = sorted(r["seconds"] for r in rows)
-    result = {"schedules": len(rows), "jobs": args.jobs, "seed": args.seed, "wall_seconds": round(wall, 2),
-              "schedules_per_second": round(len(rows) / wall, 2),
-              "simulated_seconds": round(simulated, 1), "speedup": round(simulated / wall, 1),
-              "per_schedule_median_s": round(per[len(per) // 2], 4), "per_schedule_p99_s": round(per[int(len(per) * 0.99)], 4),
-              "faults": sum(r["faults"] for r in rows), "violations": len(failed),
-              "failed": [{"index": r["index"], "checks": r["failed"]} for r in failed[:20]],
-              "space": {"learners": space.learners, "max_faults": space.max_faults, "horizon": space.horizon,
-                        "kinds": list(space.kinds), "tail": space.tail}}
-    print(f"{'schedules':>10} {'jobs':>5} {'wall s':>8} {'sched/s':>8} {'sim s/wall s':>13} {'median s':>9} "
+    chunks = run(args.seed, args.schedules, space, args.jobs, args.chunk, args.ledger)
+    result = summarize(chunks, space)
+    print(f"{'schedules':>10} {'chunks':>6} {'wall s':>9} {'sched/s':>8} {'sim s/wall s':>13} {'median s':>9} "
           f"{'p99 s':>7} {'violations':>11}")
-    print(f"{result['schedules']:>10} {args.jobs:>5} {wall:>8.1f} {result['schedules_per_second']:>8.2f} "
-          f"{result['speedup']:>13.1f} {result['per_schedule_median_s']:>9.3f} {result['per_schedule_p99_s']:>7.3f} "
-          f"{len(failed):>11}")
+    print(f"{result['schedules']:>10} {result['chunks']:>6} {result['wall_seconds']:>9.1f} "
+          f"{result['schedules_per_second']:>8.2f} {result['speedup']:>13.1f} {result['per_schedule_median_s']:>9.3f} "
+          f"{result['per_schedule_p99_s']:>7.3f} {result['violations']:>11}")
+    print(f"processes {result['jobs']}, commits {', '.join(result['commits'])}, chunk rates "
+          f"{result['chunk_rates']['min']}-{result['chunk_rates']['max']}/s")
+    for f in result["failed"]:
+        print(f"  schedule {f['index']} failed {', '.join(f['checks'])}: python -m chaos explore replays it")
     if args.coverage:
         result["coverage"] = coverage(args.seed, args.coverage, space)
         print(f"\nline coverage of the cores over {args.coverage} schedules:")
-        for f, c in result["coverage"].items():
-            print(f"  {f:<26} {c['run']:>5} of {c['lines']:>5} lines  {c['share']:.0%}")
+        for f, c in result["coverage"]["files"].items():
+            print(f"  {f:<34} {c['run']:>5} of {c['lines']:>5} lines  {c['share']:.0%}")
+        print("  growth: " + ", ".join(f"{g['schedules']}: {g['share']:.1%}" for g in result["coverage"]["growth"]))
     args.out.write_text(json.dumps(result, indent=2))
     print(f"\nwrote {args.out}")
-    return 1 if failed else 0
+    return 1 if result["violations"] else 0
 
 
 if __name__ == "__main__":

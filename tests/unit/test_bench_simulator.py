@@ -1,0 +1,70 @@
+"""bench/simulator.py's long run: chunks recorded in a ledger and not run again, so a
+million schedules can span sessions; the summary over chunks of several commits."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from .bench_scripts import load_bench
+
+sim = load_bench("simulator.py", "bench_simulator")
+
+
+def fake_chunk(ran: list[tuple[int, int]]):
+    def run_chunk(seed, start, count, space, jobs):
+        ran.append((start, count))
+        return {"seed": seed, "start": start, "count": count, "space": sim.space_key(space), "jobs": jobs,
+                "commit": "abc1234", "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
+                "faults": count, "median_s": 0.04, "p99_s": 0.07, "max_s": 0.1,
+                "violations": 1 if start == 20 else 0,
+                "failed": [{"index": start + 3, "checks": ["no_lost_acks"]}] if start == 20 else []}
+    return run_chunk
+
+
+def test_a_ledger_resumes_where_the_last_run_stopped(tmp_path, monkeypatch):
+    ran: list[tuple[int, int]] = []
+    monkeypatch.setattr(sim, "run_chunk", fake_chunk(ran))
+    ledger = tmp_path / "long.jsonl"
+    space = sim.Space()
+    sim.run(1, 25, space, 2, 10, ledger, say=lambda _: None)
+    assert ran == [(0, 10), (10, 10), (20, 5)]
+    # A longer run later: the three chunks it shares are read back, only the rest runs.
+    ran.clear()
+    chunks = sim.run(1, 40, space, 2, 10, ledger, say=lambda _: None)
+    assert ran == [(20, 10), (30, 10)]  # 20..24 was a chunk of 5, not of 10: run again
+    assert [(c["start"], c["count"]) for c in chunks] == [(0, 10), (10, 10), (20, 10), (30, 10)]
+    assert len(ledger.read_text().splitlines()) == 5
+
+
+def test_a_chunk_of_another_seed_or_space_or_a_torn_line_is_not_counted(tmp_path, monkeypatch):
+    ran: list[tuple[int, int]] = []
+    monkeypatch.setattr(sim, "run_chunk", fake_chunk(ran))
+    ledger = tmp_path / "long.jsonl"
+    space = sim.Space()
+    sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)
+    with ledger.open("a") as f:
+        f.write('{"seed": 1, "start": 10, "count": 1')  # a write cut short by a kill
+    ran.clear()
+    sim.run(2, 10, space, 2, 10, ledger, say=lambda _: None)
+    sim.run(1, 10, replace(space, max_faults=2), 2, 10, ledger, say=lambda _: None)
+    sim.run(1, 20, space, 2, 10, ledger, say=lambda _: None)
+    assert ran == [(0, 10), (0, 10), (10, 10)]
+
+
+def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
+    monkeypatch.setattr(sim, "run_chunk", fake_chunk([]))
+    space = sim.Space()
+    result = sim.summarize(sim.run(1, 30, space, 2, 10, None, say=lambda _: None), space)
+    assert result["schedules"] == 30 and result["chunks"] == 3
+    assert result["schedules_per_second"] == 50.0 and result["speedup"] == 1000.0
+    assert result["violations"] == 1 and result["failed"] == [{"index": 23, "checks": ["no_lost_acks"]}]
+    assert result["commits"] == ["abc1234"]
+    json.dumps(result)
+
+
+def test_a_real_chunk_runs_the_schedules_explore_draws():
+    chunk = sim.run_chunk(1, 5, 3, sim.Space(), 1)
+    assert (chunk["start"], chunk["count"], chunk["violations"]) == (5, 3, 0)
+    drawn = [sim.draw(1, i, sim.Space()) for i in range(5, 8)]
+    assert chunk["faults"] == sum(len(s.faults) for s in drawn)
+    assert chunk["simulated_seconds"] == round(sum(s.horizon + sim.Space().tail for s in drawn), 1)
