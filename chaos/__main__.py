@@ -17,11 +17,11 @@ from trainer.rundir import claim_run_dir, release_if_empty
 from trainer.runspec import BACKENDS
 
 
-def print_verdicts(result) -> None:
+def print_verdicts(result, verdict_file: str = "verdict.json") -> None:
     from .checkers import describe_required
 
     width = max(len(v.name) for v in result.verdicts)
-    print(f"\nverdict: {'PASS' if result.passed else 'FAIL'}  ({result.run_dir / 'verdict.json'})")
+    print(f"\nverdict: {'PASS' if result.passed else 'FAIL'}  ({result.run_dir / verdict_file})")
     print(f"  {describe_required(result.document)}")
     for v in result.verdicts:
         print(f"  {v.status.upper():<7} {v.name:<{width}}  {v.detail}")
@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         spec = RunSpec(backend=args.backend, learners=args.learners, ranks=args.ranks, mode=args.mode,
                        task=resolve_spec(args.task), device=args.device, data=args.data,
                        trainer_args=args.trainer_args, learner_args=learner_args(args.learner_args),
-                       duration=args.duration, warm_spares=args.warm_spares)
+                       duration=args.duration, warm_spares=args.warm_spares, host_clocks=args.host_clocks)
     except (ValueError, TaskError) as exc:
         parser.error(as_flag(str(exc)))
     out = Path(args.out) if args.out else claim_run_dir(f"runs/chaos-{datetime.now():%Y%m%d-%H%M%S}")
@@ -176,7 +176,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "decoupled", "markov", None
     args.ranks = 1
     args.task, args.device, args.learner_args = "gpt", "auto", []
-    args.warm_spares = DEMO_WARM_SPARES
+    args.warm_spares, args.host_clocks = DEMO_WARM_SPARES, ""
     status = cmd_run(args, parser)
     if (Path(args.out) / "events").is_dir():
         png, html = write_report(Path(args.out))
@@ -230,7 +230,12 @@ def cmd_simulate_goodput(argv: list[str]) -> int:
     return main(argv)
 
 
-PASSTHROUGH = {"validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load,
+def cmd_check(argv: list[str]) -> int:
+    from .check_cli import main
+    return main(argv)
+
+
+PASSTHROUGH = {"check": cmd_check, "validate": cmd_validate, "toxiproxy": cmd_toxiproxy, "report": cmd_report, "load": cmd_load,
                "stack": cmd_stack, "forward": cmd_forward, "simulate-goodput": cmd_simulate_goodput,
                "sim": cmd_sim, "explore": cmd_explore}
 
@@ -293,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--learner-args", action="append", default=[], metavar="N:FLAGS",
                    help="extra flags of learner-N, e.g. '2:--speed 0.5' (repeatable)")
     p.add_argument("--seed", type=int, default=None, help="override the schedule's seed")
+    p.add_argument("--host-clocks", default="", metavar="PROCESS=OFFSET[@PPM],...",
+                   help="local backend: give processes clocks of their own, as if each ran on its own machine, "
+                        "e.g. 'syncer=-4,learner-1=+5@200' (offset in seconds, drift in parts per million); the "
+                        "run probes them and places their events on one timeline (default: none, one clock)")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
@@ -317,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.set_defaults(func=cmd_demo, trainer_args=[])
 
+    sub.add_parser("check", help="judge a finished run directory again, without running anything (check --help)")
     sub.add_parser("validate", help="check a schedule file without running it (validate --help)")
     sub.add_parser("toxiproxy", help="run the Toxiproxy-compatible server (toxiproxy --help)")
     sub.add_parser("report", help="write timeline.png and timeline.html for a run dir (report --help)")

@@ -24,6 +24,7 @@ from .durable import DurableState, canonical_id, read_durable_state
 from .nemesis import NEMESES
 from .pace import Pace, measure
 from .reference import ReferenceCurve
+from .timeline import ONE_CLOCK, Placement
 
 PASS, FAIL, UNKNOWN = "pass", "fail", "unknown"
 NOT_APPLICABLE = "n/a"  # nothing to judge in this run's mode
@@ -87,6 +88,17 @@ class RunView:
     events: list[dict]
     history: list[dict]
     state_dir: Path | None = None  # the syncer's state directory, read when it wrote no final state
+    # How the events were put on the controller's timeline (chaos/timeline.py): one clock
+    # unless hosts' clocks disagree. Every fault window is widened by its error bound.
+    placement: Placement = ONE_CLOCK
+
+    @property
+    def clock_error(self) -> float:
+        return self.placement.error
+
+    def uncertain(self, a: float, b: float) -> bool:
+        """Whether the clocks' bound leaves the order of times a and b open."""
+        return self.clock_error > 0 and abs(a - b) <= self.clock_error
 
     @cached_property
     def t0(self) -> float:
@@ -111,7 +123,10 @@ class RunView:
 
     @cached_property
     def _windows(self) -> tuple[Window, ...]:
-        faults = [Window(w.index, w.kind, tuple(w.targets), w.start, w.stop)
+        # A fault's window is on the controller's clock; an event placed from another host's
+        # may be off by the bound either way, so the window is widened by it.
+        err = self.clock_error
+        faults = [Window(w.index, w.kind, tuple(w.targets), w.start - err, w.stop + err)
                   for w in sorted(fault_windows(self.history, self.end), key=lambda w: w.index)
                   if w.start is not None and w.index is not None]
         exits = [Window(None, EXIT, (target,), start, stop) for target, start, stop, _ in
@@ -427,9 +442,16 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
                 row["extended_by_faults"] = extended_by
             if first is not None and first <= deadline:
                 row["contributed_after"] = round(first - w.stop, 3)
+                if view.uncertain(first, deadline):
+                    row["order"] = f"within the clocks' ±{view.clock_error:.3f}s of the deadline"
             elif view.end < deadline and first is None:
                 unknown.append(row)
                 row["status"] = "run ended too soon"
+            elif first is not None and view.uncertain(first, deadline):
+                # Whether it came before its deadline is within what the clocks can tell.
+                row["contributed_after"] = round(first - w.stop, 3)
+                row["status"] = f"within the clocks' ±{view.clock_error:.3f}s of the deadline"
+                unknown.append(row)
             else:
                 row["contributed_after"] = round(first - w.stop, 3) if first is not None else None
                 failed.append(row)
@@ -444,7 +466,8 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
                                           f"{'never' if after is None else f'{after}s'}, allowed {worst['within']}s)",
                        {**evidence, "failed": failed})
     if unknown:
-        return Verdict("self_heal", UNKNOWN, f"{len(unknown)} healing(s) too close to the end to judge", evidence)
+        return Verdict("self_heal", UNKNOWN, f"{len(unknown)} healing(s) too close to the end, or to their deadline "
+                                             f"within the clocks' bound, to judge ({unknown[0]['status']})", evidence)
     if not results:
         return Verdict("self_heal", PASS, "no learner was impaired", evidence)
     worst = max(results, key=lambda r: r["contributed_after"])
@@ -908,7 +931,37 @@ def check_final_loss(view: RunView, threshold: float | None = None,
     return Verdict("final_loss", PASS, f"final loss {loss:.4f} <= {limit:.4f} ({rule})", evidence)
 
 
+def check_timeline(view: RunView) -> Verdict:
+    """Every event is on the controller's timeline within the run's fault-timing tolerance:
+    events stamped on other hosts' clocks (swarm nodes, or processes given clocks of their
+    own) were placed through estimates of those clocks (chaos/timeline.py). n/a on one
+    clock. Unknown when a host's events could not be placed (no probe of its clock came
+    back), when placing was turned off, or when the bound is wider than the tolerance:
+    then every check that compares times judged on a timeline that may not have happened."""
+    placement = view.placement
+    if placement.one_clock:
+        return Verdict("timeline", NOT_APPLICABLE, "every event is on the controller machine's clock")
+    tolerance = tolerance_of(view.history)
+    evidence = {**placement.as_json(), "tolerance_s": tolerance}
+    hosts = ", ".join(f"{h} {c['offset']:+.3f}s {c['drift'] * 1e6:+.0f}ppm ±{c['error'] * 1000:.1f}ms"
+                      for h, c in placement.hosts.items())
+    if not placement.aligned:
+        return Verdict("timeline", UNKNOWN, f"placing events on one timeline was turned off: the events of "
+                                            f"{len(placement.hosts) + len(placement.unplaced)} host(s) were judged "
+                                            f"on their own clocks ({hosts})", evidence)
+    if placement.unplaced:
+        names = ", ".join(f"{h} ({n} events)" for h, n in placement.unplaced.items())
+        return Verdict("timeline", UNKNOWN, f"no probe of the clock of {names} came back: their events are on "
+                                            f"clocks this run could not place", evidence)
+    if placement.error > tolerance:
+        return Verdict("timeline", UNKNOWN, f"the clocks' bound ±{placement.error:.3f}s is wider than the fault "
+                                            f"timing tolerance {tolerance:.3f}s: {hosts}", evidence)
+    return Verdict("timeline", PASS, f"{len(placement.hosts)} host(s) placed within ±{placement.error * 1000:.1f}ms: "
+                                     f"{hosts}", evidence)
+
+
 CHECKERS: dict[str, Callable[..., Verdict]] = {
+    "timeline": check_timeline,
     "faults_applied": check_faults_applied,
     "progress": check_progress,
     "self_heal": check_self_heal,

@@ -569,6 +569,7 @@ class ChaosSession:
 
         from .checkers import RunView, run_checkers, verdict_document
         from .controller import read_history
+        from .timeline import run_events
 
         history = read_history(self.history_path)
         if not all_runs:
@@ -577,7 +578,8 @@ class ChaosSession:
                 starts = [h for h in history[:begins[-1]] if h.get("event") == "cluster_start"]
                 history = starts[-1:] + history[begins[-1]:]
         # A live syncer's state dir is read pending-first (chaos/durable.py): no push is caught in neither.
-        verdicts = run_checkers(RunView(read_events(self.run_dir), history, state_dir=self.run_dir / "state"),
+        events, placement = run_events(self.run_dir)
+        verdicts = run_checkers(RunView(events, history, state_dir=self.run_dir / "state", placement=placement),
                                 checker_options)
         document = verdict_document(verdicts)
         (self.run_dir / "verdict.json").write_text(json.dumps(document, indent=2))

@@ -157,11 +157,16 @@ def _read_events(run_dir: Path, notes: list[str]) -> tuple[list[dict], dict[str,
             torn[path.name] = bad
     events: list[dict] | None = None
     try:
-        from trainer.events import read_events
+        from .timeline import run_events
 
-        events = read_events(run_dir)
+        events, placement = run_events(run_dir)
+        if placement.hosts or placement.unplaced:
+            notes.append(f"events of {len(placement.hosts)} host(s) placed on the controller's timeline within "
+                         f"±{placement.error * 1000:.1f} ms" + (f"; not placed (no clock probe came back): "
+                                                                 f"{', '.join(placement.unplaced)}"
+                                                                 if placement.unplaced else ""))
     except Exception as exc:  # noqa: BLE001 - a report is still worth having; read tolerantly below
-        notes.append(f"trainer.events.read_events failed ({type(exc).__name__}: {exc}); read tolerantly")
+        notes.append(f"reading the events failed ({type(exc).__name__}: {exc}); read tolerantly")
     if events is None:
         events = []
         for path in paths:

@@ -21,11 +21,13 @@ from trainer.runspec import RunSpec
 
 from .backends.base import Cluster
 from .checkers import RunView, Verdict, final_tokens, run_checkers, verdict_document
+from .clock_probe import Prober
 from .controller import HISTORY_FILE, Controller, History, read_history
 from .nemesis import NEMESES
 from .reference import MODES as REFERENCE_MODES
 from .reference import ReferenceCurve
 from .reference import obtain as obtain_reference
+from .timeline import ONE_CLOCK, Placement, estimate_all, read_samples, run_events, write_estimates
 
 WARMUP_TIMEOUT = 120.0
 TAIL_SECONDS = 20.0
@@ -146,11 +148,16 @@ def with_reference(checker_options: dict | None, reference: ReferenceCurve | Non
 
 
 def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = None, data: str = "markov",
-                 evaluate: bool = True, reference: ReferenceCurve | None = None) -> RunResult:
-    """Check the run in `run_dir` and write its verdict.json."""
-    result = judge_events(read_events(run_dir), read_history(run_dir / HISTORY_FILE), learners, run_dir,
-                          checker_options, data, evaluate, reference)
-    (run_dir / "verdict.json").write_text(json.dumps(result.document, indent=2))
+                 evaluate: bool = True, reference: ReferenceCurve | None = None, align: bool = True,
+                 verdict_file: str = "verdict.json") -> RunResult:
+    """Check the run in `run_dir` and write its verdict (`verdict_file`, in it). Events
+    stamped on other hosts' clocks are placed on the controller's timeline first
+    (chaos/timeline.py), unless `align` is False (to see what a harness that trusts every
+    clock would conclude)."""
+    events, placement = run_events(run_dir, align)
+    result = judge_events(events, read_history(run_dir / HISTORY_FILE), learners, run_dir,
+                          checker_options, data, evaluate, reference, placement)
+    (run_dir / verdict_file).write_text(json.dumps(result.document, indent=2))
     return result
 
 
@@ -163,12 +170,13 @@ def check_events(view: RunView, checker_options: dict | None = None,
 
 def judge_events(events: list[dict], history: list[dict], learners: int, run_dir: Path | None,
                  checker_options: dict | None = None, data: str = "markov", evaluate: bool = True,
-                 reference: ReferenceCurve | None = None) -> RunResult:
+                 reference: ReferenceCurve | None = None, placement: Placement = ONE_CLOCK) -> RunResult:
     """The checks' verdicts on a run's events and history, read once (the simulator's
     search hands them from memory, with no `run_dir`: no state dir to read)."""
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
     evaluation = final_loss(run_dir, data, events) if evaluate else {}
-    view = RunView(events, history, state_dir=run_dir / "state" if run_dir is not None else None)
+    view = RunView(events, history, state_dir=run_dir / "state" if run_dir is not None else None,
+                   placement=placement)
     verdicts = check_events(view, checker_options, reference)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)
@@ -213,12 +221,15 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
     schedule.dump(run_dir / "schedule.yaml")
     (run_dir / "run.json").write_text(json.dumps(spec.to_json(), indent=2))
     history = History(run_dir / HISTORY_FILE)
+    prober: Prober | None = None
     try:
         # The checks measure a cold start-up on this machine from here (chaos/pace.py).
         history.record(event="cluster_start", backend=spec.backend, learners=spec.learners)
         cluster.start()
         if getattr(cluster, "leftovers", None):
             history.record(event="cleanup", killed=cluster.leftovers)
+        if cluster.clock_hosts():  # hosts on clocks of their own: probe them all run long
+            prober = Prober(run_dir, cluster.clock_hosts).start()
         wait_until_training(run_dir, spec.learners)
         controller = Controller(cluster, schedule, history)
         controller.run(spec.duration)
@@ -227,12 +238,26 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
             phase("stopping the cluster (learners push what they have left, the syncer scores the final parameters)")
             cluster.stop()
         finally:
-            history.close()
+            try:
+                if prober is not None:
+                    prober.stop()
+                    record_clocks(run_dir, prober, history)
+            finally:
+                history.close()
     curve = None
     if reference == "auto" and evaluate:
         curve = fault_free_reference(run_dir, spec, phase)
     phase("checking the run")
     return evaluate_run(run_dir, spec.learners, checker_options, spec.data, evaluate, curve)
+
+
+def record_clocks(run_dir: Path, prober: Prober, history: History) -> None:
+    """clocks.json: each probed host's clock against the controller's, from the run's probes
+    (a host none of whose probes came back is left out: its events stay unplaced)."""
+    samples = read_samples(run_dir)
+    write_estimates(run_dir, estimate_all(samples))
+    history.record(event="clock_probes", sent=prober.sent, answered=prober.answered,
+                   hosts=sorted({s.host for s in samples}))
 
 
 def fault_free_reference(run_dir: Path, spec: RunSpec,

@@ -13,6 +13,15 @@ wall clock a chaos run can set wrong.
   chaos harness's `clock` fault writes it (docs/schedules.md); the process rereads it
   when it changes (a stat at most every CHECK_EVERY s). A missing or unreadable file
   means the true clock.
+- The **host** clock: on one machine every process reads the same CLOCK_MONOTONIC, but two
+  machines' monotonic clocks start at different instants and tick at slightly different
+  rates. `monotonic()` is the event timeline's clock: time.monotonic() as this host's
+  oscillator reads it. $ISLANDS_HOST names the host (each event records it) and
+  $ISLANDS_HOST_CLOCK_FILE, read once, holds {"offset": s, "rate": r, "anchor": t}:
+  monotonic = m + offset + (rate − 1) × (m − anchor) for the kernel's m, and the wall clock
+  moves with it (an unsynchronised host). Without the file, both are this kernel's. The
+  harness gives swarm nodes (and local processes, to test with) clocks that disagree this
+  way, and places their events on its own timeline (chaos/timeline.py).
 - The **boot** clock (CLOCK_BOOTTIME with the kernel's boot id) measures how long a
   syncer was down between two processes on one machine, immune to wall-clock steps
   (`boot_stamp`, `downtime_since`): the push bounds credit that time (validation.py).
@@ -26,9 +35,57 @@ import time
 from pathlib import Path
 
 CLOCK_FILE_ENV = "ISLANDS_CLOCK_FILE"
+HOST_ENV = "ISLANDS_HOST"
+HOST_CLOCK_ENV = "ISLANDS_HOST_CLOCK_FILE"
 CLOCK_DIR_ENV = "ISLANDS_CLOCK_DIR"
 CHECK_EVERY = 0.02
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+class HostOscillator:
+    """This host's clock against the kernel's, from the file $ISLANDS_HOST_CLOCK_FILE names:
+    read once per file (an oscillator does not change in a run), and looked up when first
+    used, not at import (a warm spare imports this before it is told which host it is on).
+    A missing or unreadable file is the kernel's own clock."""
+
+    def __init__(self) -> None:
+        self._path: str | None = None
+        self._spec: tuple[float, float, float] = (0.0, 1.0, 0.0)
+        self._read = False
+
+    def spec(self) -> tuple[float, float, float]:
+        path = os.environ.get(HOST_CLOCK_ENV) or None
+        if not self._read or path != self._path:
+            self._path, self._read = path, True
+            offset, rate, anchor = 0.0, 1.0, 0.0
+            if path is not None:
+                try:
+                    data = json.loads(Path(path).read_text())
+                    offset, rate, anchor = float(data.get("offset", 0.0)), float(data.get("rate", 1.0)), \
+                        float(data.get("anchor", 0.0))
+                except (OSError, ValueError, TypeError, AttributeError):
+                    offset, rate, anchor = 0.0, 1.0, 0.0
+            self._spec = (offset, rate if rate > 0 else 1.0, anchor)
+        return self._spec
+
+    def shift(self, kernel_monotonic: float) -> float:
+        """What this host's clocks add to the kernel's at `kernel_monotonic`."""
+        offset, rate, anchor = self.spec()
+        return offset + (rate - 1.0) * (kernel_monotonic - anchor)
+
+
+_HOST = HostOscillator()
+
+
+def monotonic() -> float:
+    """This host's monotonic clock: the event timeline's (the kernel's without a host clock file)."""
+    m = time.monotonic()
+    return m + _HOST.shift(m)
+
+
+def host() -> str | None:
+    """The host this process runs on, as the harness named it ($ISLANDS_HOST), or None."""
+    return os.environ.get(HOST_ENV) or None
 
 
 class WallClock:
@@ -65,7 +122,7 @@ class WallClock:
 
     def __call__(self) -> float:
         self._refresh()
-        now = time.time()
+        now = time.time() + _HOST.shift(time.monotonic())
         return now + self.offset + (self.rate - 1.0) * (now - self.anchor)
 
 

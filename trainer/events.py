@@ -1,9 +1,12 @@
 """The one JSONL event schema that every Islands process writes.
 
 Each line: {"t": monotonic seconds, "wall": unix seconds, "process": "learner-2",
-"pid": 123, "learner": 2 | null, "kind": "...", ...fields}. CLOCK_MONOTONIC is shared by
-every process on one machine (and by its containers), so events from different processes
-order on one clock; checkers and reports read only these files.
+"pid": 123, "learner": 2 | null, "kind": "...", ...fields}, and "host" when the harness
+named the host ($ISLANDS_HOST). CLOCK_MONOTONIC is shared by every process on one machine
+(and by its containers), so events from one host order on one clock; events from hosts
+whose clocks disagree are placed on the controller's timeline by chaos/timeline.py, from
+probes of each host's clock (`t` is trainer.clock.monotonic(): the host's). Checkers and
+reports read only these files.
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .clock import host as host_name
+from .clock import monotonic as host_monotonic
 from .clock import wall
 from .event_echo import EventEcho
 from .event_echo import enabled as echo_enabled
@@ -148,7 +153,7 @@ class EventLog:
     """
 
     def __init__(self, run_dir: str | os.PathLike | None, process: str, learner: int | None = None, *,
-                 monotonic: Callable[[], float] = time.monotonic, wall_clock: Callable[[], float] = wall,
+                 monotonic: Callable[[], float] = host_monotonic, wall_clock: Callable[[], float] = wall,
                  pid: int | None = None, buffering: int = 1, memory: MemoryEvents | None = None) -> None:
         """The clocks and pid are this process's unless a simulator hands in its own (its
         logs are then byte-identical from one run of a seed to the next). With `memory`,
@@ -158,6 +163,7 @@ class EventLog:
         self._monotonic = monotonic
         self.wall_clock = wall_clock
         self._pid = pid
+        self.host = host_name()  # whose clock `t` is read from (None: the controller's machine)
         self._lock = threading.Lock()
         self._file = None
         self._memory = memory.file(process) if memory is not None else None
@@ -184,6 +190,8 @@ class EventLog:
             "learner": self.learner,
             "kind": kind,
         }
+        if self.host is not None:
+            record["host"] = self.host
         record.update(fields)
         if self._memory is not None:
             read = as_read(record)

@@ -17,6 +17,35 @@ from .argtypes import check_device
 
 BACKENDS = ("local", "compose", "swarm")
 # Fields to_argv writes its own way (or not at all: env goes before the command).
+MAX_HOST_OFFSET = 86400.0   # seconds: a day either way
+MAX_HOST_DRIFT_PPM = 1000.0  # a clock off by more than 0.1% is broken, not drifting
+
+
+def parse_host_clocks(text: str) -> dict[str, tuple[float, float]]:
+    """"syncer=-4,learner-1=+5@200" → {process: (offset seconds, drift ppm)}; errors name
+    the part and the field."""
+    out: dict[str, tuple[float, float]] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip():
+            raise ValueError(f"host_clocks: {part!r}: expected PROCESS=OFFSET[@DRIFT_PPM], like learner-1=+5@200")
+        offset_text, _, drift_text = value.partition("@")
+        try:
+            offset, drift = float(offset_text), float(drift_text or 0.0)
+        except ValueError:
+            raise ValueError(f"host_clocks: {part!r}: offset and drift must be numbers "
+                             f"(seconds, and parts per million)") from None
+        if not (math.isfinite(offset) and abs(offset) <= MAX_HOST_OFFSET):
+            raise ValueError(f"host_clocks: {part!r}: offset must be within ±{MAX_HOST_OFFSET:g} s")
+        if not (math.isfinite(drift) and abs(drift) <= MAX_HOST_DRIFT_PPM):
+            raise ValueError(f"host_clocks: {part!r}: drift must be within ±{MAX_HOST_DRIFT_PPM:g} ppm")
+        name = name.strip()
+        if name in out:
+            raise ValueError(f"host_clocks: {name!r} is given twice")
+        out[name] = (offset, drift)
+    return out
+
+
 SPELLED_OUT = ("backend", "learners", "trainer_args", "learner_args", "duration", "env", "disk_layer")
 MODES = ("decoupled", "sync")
 
@@ -39,6 +68,10 @@ class RunSpec:
     # The disk-fault layer (chaos/diskfs) under the syncer's state dir, for the whole run: a
     # `disk` or `power_loss` fault needs it from the start (the runner sets it from the schedule).
     disk_layer: bool = False
+    # Clocks of their own for some processes, as if each ran on a machine of its own (the
+    # local backend; swarm nodes get theirs from the node): "syncer=-4,learner-1=+5@200"
+    # is an offset in seconds and a drift in parts per million (parse_host_clocks).
+    host_clocks: str = ""
 
     def __post_init__(self) -> None:
         # Lists from callers become tuples, so a spec is a value that nothing can change under it.
@@ -77,6 +110,17 @@ class RunSpec:
             raise ValueError(f"seed: must be an integer, got {self.seed!r}")
         if not isinstance(self.disk_layer, bool):
             raise ValueError(f"disk_layer: must be true or false, got {self.disk_layer!r}")
+        if not isinstance(self.host_clocks, str):
+            raise ValueError(f"host_clocks: must be a string like 'syncer=-4,learner-1=+5@200', got {self.host_clocks!r}")
+        clocks = parse_host_clocks(self.host_clocks)
+        bad = [n for n in clocks if n != "syncer" and not (n.startswith("learner-") and n[8:].isdigit()
+                                                           and 1 <= int(n[8:]) <= self.learners)]
+        if bad:
+            raise ValueError(f"host_clocks: {bad[0]!r} is not a process of this run (syncer, learner-1.."
+                             f"learner-{self.learners})")
+        if clocks and self.backend != "local":
+            raise ValueError(f"host_clocks: only the local backend gives processes clocks of their own; "
+                             f"on {self.backend!r} a process has its node's clock")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in self.env.items()):
             raise ValueError(f"env: must map strings to strings, got {self.env!r}")
 

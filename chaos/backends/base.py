@@ -163,6 +163,12 @@ class Cluster(ABC):
         return problems
 
     # ----------------------------------------------------------- clocks
+    def clock_hosts(self) -> dict[str, tuple[str, int]]:
+        """Each host whose clock is not the controller's, and where its clock probe answers
+        (chaos/clock_probe.py): the runner probes them through the run and places their
+        events on its timeline. None here: every process shares this machine's clock."""
+        return {}
+
     # A process reads its wall clock through a file per role in this directory
     # (trainer/clock.py; $ISLANDS_CLOCK_DIR names it to every process, as the process sees
     # it: `clock_dir_env`). The clock nemesis writes the files; what steps and drifts left

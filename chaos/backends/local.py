@@ -20,9 +20,9 @@ from ..client import NotFound, ToxiproxyClient
 from ..processes import ManagedProcess, Registry, log_tail, proc_parent, proc_state, signal_pid, start_recorded
 from ..spares import SparePool, start_spares
 from ..supervisor import Supervisor
-from trainer.clock import CLOCK_DIR_ENV
+from trainer.clock import CLOCK_DIR_ENV, HOST_CLOCK_ENV, HOST_ENV
 from trainer.events import EventLog
-from trainer.runspec import RunSpec
+from trainer.runspec import RunSpec, parse_host_clocks
 from trainer.keys import write_key_files
 from trainer.secretfile import ensure_secret
 from trainer.wire import load_secret
@@ -65,6 +65,10 @@ class LocalCluster(Cluster):
         self.supervisor: Supervisor | None = None
         self._supervisor_log: EventLog | None = None
         self.disk = LocalDiskLayer(self.run_dir, self.registry) if spec.disk_layer else None
+        # Processes on clocks of their own (spec.host_clocks): each on a host named for it,
+        # whose clock probe answers on a port of its own.
+        self.host_clocks = parse_host_clocks(spec.host_clocks)
+        self.probe_ports: dict[str, int] = {}
 
     def preflight(self) -> None:
         if self.disk is not None and (missing := missing_requirements()):
@@ -82,6 +86,7 @@ class LocalCluster(Cluster):
                     "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", CLOCK_DIR_ENV: self.clock_dir_env}
         self._start_spares()
         self._start_toxiproxy()
+        self._start_host_clocks()
         # Every process imports torch (3-4 s of CPU): start them together, not the learners
         # after the syncer listens. The syncer's port is reserved first, so the proxies can
         # point at it now; a learner that dials before the syncer listens is refused by its
@@ -98,6 +103,46 @@ class LocalCluster(Cluster):
         self._supervisor_log = EventLog(str(self.run_dir), "supervisor")
         self.supervisor = Supervisor(self, self._supervisor_log.emit, self._lock)
         self.supervisor.start()
+
+    # ----------------------------------------------------------- host clocks
+    @staticmethod
+    def host_of(process: str) -> str:
+        return f"host-{process}"
+
+    def _start_host_clocks(self) -> None:
+        """Write each host's clock file (its offset from now on, and its drift) and start
+        its clock probe's responder, reading the same file as the host's processes do."""
+        directory = self.run_dir / "hosts"
+        for process, (offset, drift_ppm) in sorted(self.host_clocks.items()):
+            host = self.host_of(process)
+            directory.mkdir(parents=True, exist_ok=True)
+            clock_file = directory / f"{host}.json"
+            clock_file.write_text(json.dumps({"offset": offset, "rate": 1.0 + drift_ppm * 1e-6,
+                                              "anchor": time.monotonic()}))
+            port_file = directory / f"{host}.port"
+            port_file.unlink(missing_ok=True)
+            name = f"clock-{host}"
+            proc = self.procs[name] = start_recorded(name, [
+                sys.executable, "-m", "chaos.clock_probe", "serve", "--host-name", host, "--port-file", str(port_file)],
+                self.run_dir / "logs", self._env_of(process), self.registry)
+            deadline = time.monotonic() + START_TIMEOUT
+            while not port_file.exists():  # bounded: the responder writes it once bound
+                if not proc.running() or time.monotonic() > deadline:
+                    raise RuntimeError(f"{name}: the clock probe's responder did not start; see {proc.log}")
+                time.sleep(0.02)
+            self.probe_ports[host] = int(port_file.read_text())
+
+    def _env_of(self, process: str) -> dict[str, str]:
+        """The environment of `process` (a unit: syncer, learner-N): the cluster's, and its
+        host's clock when it has one of its own."""
+        unit = process.split("/", 1)[0]
+        if unit not in self.host_clocks:
+            return self.env
+        host = self.host_of(unit)
+        return {**self.env, HOST_ENV: host, HOST_CLOCK_ENV: str(self.run_dir / "hosts" / f"{host}.json")}
+
+    def clock_hosts(self) -> dict[str, tuple[str, int]]:
+        return {host: ("127.0.0.1", port) for host, port in self.probe_ports.items()}
 
     def _reserve_syncer_port(self) -> None:
         """Hold a port for the syncer: bound (SO_REUSEADDR) but never listening, so the
@@ -164,8 +209,8 @@ class LocalCluster(Cluster):
         with self._lock:
             if self._stopping:
                 raise RuntimeError(f"{name}: not started, the cluster is stopping")
-            proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self.env, self.registry,
-                                                        self.spares)
+            proc = self.procs[name] = start_recorded(name, argv, self.run_dir / "logs", self._env_of(name),
+                                                        self.registry, self.spares)
         return proc
 
     def _spawn_syncer(self) -> ManagedProcess:
@@ -211,6 +256,8 @@ class LocalCluster(Cluster):
             self.spares.close()
         if TOXIPROXY in self.procs:
             self.procs[TOXIPROXY].terminate(STOP_TIMEOUT)
+        for name in [n for n in self.procs if n.startswith("clock-")]:
+            self.procs[name].terminate(STOP_TIMEOUT)
         if self._port_reservation is not None:
             self._port_reservation.close()
             self._port_reservation = None
