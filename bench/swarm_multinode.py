@@ -14,6 +14,11 @@ node 1's engine (DOCKER_HOST), deploys the stack, and on one schedule clock:
   measures when the manager sees it down, when Swarm has each of its learners running on a
   surviving node, and when each rejoins and contributes a merged update; then powers it on.
 
+Each node has a clock of its own (--node-clocks: seconds apart, drifting), as separate
+machines would: the run probes every node's clock and places each event on the
+controller's timeline (chaos/timeline.py) before judging; the table compares the offsets
+estimated with those set.
+
 The node failure goes into the history as one kill window per learner the node ran, from
 the power-off to the new task running, so the checks judge the run knowing about it.
 Prints a table and writes JSON (bench/out/swarm_multinode.json).
@@ -33,10 +38,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from chaos.clock_probe import Prober  # noqa: E402
 from chaos.controller import HISTORY_FILE, Controller, History, read_history  # noqa: E402
-from chaos.runner import evaluate_run, wait_until_training  # noqa: E402
+from chaos.runner import evaluate_run, record_clocks, wait_until_training  # noqa: E402
+from chaos.timeline import run_events  # noqa: E402
 from faults import Kill, Partition, Schedule  # noqa: E402
-from trainer.events import read_events  # noqa: E402
 from trainer.runspec import RunSpec  # noqa: E402
 from trainer.argtypes import Parser  # noqa: E402
 from bench.outputs import check_output, output_dir, output_file  # noqa: E402
@@ -49,6 +55,7 @@ KILL_AT, PARTITION_AT, NODE_FAIL_AT = 5.0, 12.0, 25.0
 AFTER_FAIL = 75.0        # schedule seconds after the power-off: reschedule, rejoin, recover, settle
 WAIT = 120.0             # bound on each wait of the node failure
 FAILURE_INDEX = 100      # history indices of the node failure's windows (the schedule's are 0, 1)
+NODE_CLOCKS = "+5@200,-6@-300,+7@100"  # seconds apart both ways and drifting, as separate machines are
 
 
 def nodes_cli(*args: str, timeout: float = 900) -> dict:
@@ -71,7 +78,7 @@ def bring_up(args: argparse.Namespace) -> tuple[dict, dict]:
         nodes_cli("image")
         figures["node_image_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        summary = nodes_cli("up", "--nodes", str(args.nodes), "--share", str(REPO))
+        summary = nodes_cli("up", "--nodes", str(args.nodes), "--share", str(REPO), f"--clocks={args.node_clocks}")
         figures["nodes_up_s"] = round(time.monotonic() - t, 1)
         figures.update(summary.get("figures", {}))
     return json.loads(NODES_JSON.read_text()), figures
@@ -124,7 +131,6 @@ class NodeFailure(threading.Thread):
         self.figures["detected_down_s"] = round(time.monotonic() - off, 1)
         self.figures["victims"] = victims
         rescheduled, rejoined, contributed = {}, {}, {}
-        off_wall = time.time()
         for k, unit in enumerate(victims):
             def elsewhere(unit=unit):
                 task = self.cluster._running_task(unit)
@@ -136,16 +142,17 @@ class NodeFailure(threading.Thread):
                                 at=round(time.monotonic() - t0, 3), fault={"kind": "kill", "target": unit},
                                 did=f"Swarm ran {unit} on {host} {rescheduled[unit]} s after the power-off",
                                 ok=True, error=None)
+        # Events on the controller's timeline (the nodes' clocks disagree with it, and each other).
         for unit in victims:
             learner = int(unit.split("-")[1])
             wait(f"{unit} to rejoin", lambda: any(e["kind"] == "join" and e.get("learner") == learner
-                                                  and e["wall"] > off_wall for e in read_events(self.run_dir)),
+                                                  and e["t"] > off for e in run_events(self.run_dir)[0]),
                  every=1.0)
             rejoined[unit] = round(time.monotonic() - off, 1)
             wait(f"{unit} to contribute a merged update",
-                 lambda: any(e["kind"] == "merge" and e["wall"] > off_wall and
+                 lambda: any(e["kind"] == "merge" and e["t"] > off and
                              any(c["learner"] == learner for c in e["contributors"])
-                             for e in read_events(self.run_dir)), every=1.0)
+                             for e in run_events(self.run_dir)[0]), every=1.0)
             contributed[unit] = round(time.monotonic() - off, 1)
         self.figures.update(rescheduled_s=rescheduled, rejoined_s=rejoined, contributed_s=contributed)
         t = time.monotonic()
@@ -160,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learners", type=int, default=4, help="learners of the swarm stack")
     parser.add_argument("--reuse-nodes", action="store_true", help="use the nodes of an earlier swarm_nodes.py up")
     parser.add_argument("--keep-nodes", action="store_true", help="leave the nodes up at the end")
+    parser.add_argument("--node-clocks", default=NODE_CLOCKS, metavar="OFFSET[@PPM],...",
+                        help="each node's clock in node order (swarm_nodes.py up --clocks): an offset in seconds "
+                             "and a drift in parts per million; '' puts every node on this machine's clock")
     parser.add_argument("--out", type=output_file, default=REPO / "bench" / "out" / "swarm_multinode.json",
                         help="the JSON written: nodes, placement, faults, node-failure timings and the checks")
     args = parser.parse_args(argv)
@@ -184,10 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"nodes": [{k: n.get(k) for k in ("name", "ip", "role", "labels", "hostname")}
                               for n in nodes["nodes"]], "setup": figures, "run_dir": str(run_dir)}
     failure = None
+    prober = None
     try:
         history.record(event="cluster_start", backend="swarm", learners=args.learners)
         t = time.monotonic()
         cluster.start()
+        prober = Prober(run_dir, cluster.clock_hosts).start()
         wait_until_training(run_dir, args.learners)
         report["start_to_training_s"] = round(time.monotonic() - t, 1)
         placement = cluster.placement_of()
@@ -216,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cluster.stop()
         finally:
+            if prober is not None:
+                prober.stop()
+                record_clocks(run_dir, prober, history)
             history.close()
             if not args.keep_nodes:
                 nodes_cli("down", timeout=600)
@@ -225,12 +240,32 @@ def main(argv: list[str] | None = None) -> int:
     report["actions"] = [{k: h.get(k) for k in ("event", "index", "at", "took", "did")}
                          for h in read_history(run_dir / HISTORY_FILE) if h.get("event") in ("start", "stop")]
     report["verdict"] = {v.name: v.status for v in result.verdicts}
+    report["clocks"] = clock_table(run_dir, nodes)
+    unaligned = evaluate_run(run_dir, args.learners, align=False, verdict_file="verdict-clock-alignment-off.json")
+    report["unaligned_verdict"] = {v.name: v.status for v in unaligned.verdicts}
     report["passed"] = result.passed
     report["total_s"] = round(time.monotonic() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
     return 0 if result.passed and report["node_failure"]["error"] is None else 1
+
+
+def clock_table(run_dir: Path, nodes: dict) -> list[dict]:
+    """Each node's clock as set (at the estimate's reference instant) and as estimated."""
+    clocks = json.loads((run_dir / "clocks.json").read_text()) if (run_dir / "clocks.json").exists() else {}
+    set_by_host = {n.get("hostname") or n["name"]: ((nodes.get("figures") or {}).get("clocks") or {}).get(n["name"])
+                   for n in nodes["nodes"]}
+    rows = []
+    for host, est in sorted(clocks.items()):
+        spec = set_by_host.get(host)
+        expected = (spec["offset"] + (spec["rate"] - 1.0) * (est["ref"] - spec["anchor"])) if spec else 0.0
+        rows.append({"host": host, "set_offset_s": round(expected, 4),
+                     "set_drift_ppm": round((spec["rate"] - 1.0) * 1e6, 1) if spec else 0.0,
+                     "estimated_offset_s": round(est["offset"], 4), "estimated_drift_ppm": round(est["drift"] * 1e6, 1),
+                     "error_bound_ms": round(est["error"] * 1000, 2), "probes": est["samples"],
+                     "off_by_ms": round(abs(est["offset"] - expected) * 1000, 2)})
+    return rows
 
 
 def print_table(report: dict) -> None:
@@ -244,7 +279,13 @@ def print_table(report: dict) -> None:
     print(f"  node failure of {nf.get('node')}: seen down after {nf.get('detected_down_s')} s; "
           f"rescheduled {nf.get('rescheduled_s')}; rejoined {nf.get('rejoined_s')}; "
           f"contributed {nf.get('contributed_s')} (s after the power-off)")
+    for c in report.get("clocks", []):
+        print(f"  clock of {c['host']:<16} set {c['set_offset_s']:+.3f} s {c['set_drift_ppm']:+.0f} ppm, estimated "
+              f"{c['estimated_offset_s']:+.3f} s {c['estimated_drift_ppm']:+.0f} ppm (off by {c['off_by_ms']} ms, "
+              f"bound ±{c['error_bound_ms']} ms, {c['probes']} probes)")
     print("  checks: " + ", ".join(f"{k} {v}" for k, v in report.get("verdict", {}).items()))
+    print("  judged on the nodes' own clocks: " + ", ".join(f"{k} {v}" for k, v in
+                                                           report.get("unaligned_verdict", {}).items()))
     print(f"  {'PASS' if report.get('passed') else 'FAIL'} in {report.get('total_s')} s")
 
 

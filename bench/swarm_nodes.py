@@ -11,8 +11,10 @@ them so a stack can place the syncer on node 1 and learners on the others.
 
     python3 bench/swarm_nodes.py image                  # build islands-node:bookworm offline
     python3 bench/swarm_nodes.py up --nodes 3           # network, nodes, images, swarm, labels
+    python3 bench/swarm_nodes.py up --clocks=+5@200,-6@-300,+7@100   # each node a clock of its own
     python3 bench/swarm_nodes.py fail islands-node-3    # power-cut a node (docker kill)
     python3 bench/swarm_nodes.py recover islands-node-3 # power it back on (docker start)
+    python3 bench/swarm_nodes.py power islands-node-3 off|on   # the same, as a `node` fault runs it
     python3 bench/swarm_nodes.py check                  # throwaway stack: placement, failover,
                                                         # overlay across nodes, shared bind mount
     python3 bench/swarm_nodes.py down                   # remove nodes, volumes, network
@@ -251,6 +253,39 @@ def start_node(i: int, ip: str, shares: list[Path], mode: str) -> None:
        "-v", f"{vol}:/var/lib/docker", *binds, NODE_IMAGE, "sh", "-c", NODE_INIT, timeout=60)
 
 
+def parse_clocks(text: str, nodes: int) -> list[tuple[float, float] | None]:
+    """--clocks: one OFFSET[@PPM] per node in order (empty: the kernel's clock), e.g.
+    "+5@200,-6@-300,+7@100"; a node past the list keeps the kernel's clock."""
+    out: list[tuple[float, float] | None] = []
+    for i, part in enumerate(p.strip() for p in text.split(",")) if text else ():
+        if not part:
+            out.append(None)
+            continue
+        offset, _, ppm = part.partition("@")
+        try:
+            out.append((float(offset), float(ppm or 0.0)))
+        except ValueError:
+            raise Fail(f"--clocks: node {i + 1}'s {part!r} is not OFFSET[@PPM] (seconds, parts per million)") from None
+    if len(out) > nodes:
+        raise Fail(f"--clocks: {len(out)} clocks for {nodes} nodes")
+    return out + [None] * (nodes - len(out))
+
+
+def set_node_clock(name: str, clock: tuple[float, float] | None) -> dict | None:
+    """Give the node a clock of its own: its tasks read HOST_CLOCK_DIR/clock.json (the stack
+    bind-mounts it, chaos/backends/stack.py), as a separate machine's clock would differ from
+    this one's: an offset from now on, and a drift. The nodes share this kernel, so the
+    anchor is its monotonic clock now. Without a clock the directory is made empty."""
+    from chaos.backends.stack import HOST_CLOCK_DIR
+    spec = None
+    script = f"mkdir -p {HOST_CLOCK_DIR} && rm -f {HOST_CLOCK_DIR}/clock.json"
+    if clock is not None:
+        spec = {"offset": clock[0], "rate": 1.0 + clock[1] * 1e-6, "anchor": time.monotonic()}
+        script += f" && printf '%s' {shlex.quote(json.dumps(spec))} > {HOST_CLOCK_DIR}/clock.json"
+    sh("docker", "exec", name, "sh", "-c", script, timeout=30)
+    return spec
+
+
 def load_images(ips: dict[str, str], images: list[str]) -> tuple[float, dict[str, float]]:
     """docker save the images once on the host, docker load into each node's engine."""
     for img in images:
@@ -327,9 +362,11 @@ def cmd_up(args: argparse.Namespace) -> dict[str, Any]:
     if not exists("network", NETWORK):
         sh("docker", "network", "create", "--driver", "bridge", "--label", OWNER_LABEL,
            "--subnet", str(net), "--gateway", str(hosts[0]), NETWORK)
+    clocks = parse_clocks(args.clocks, args.nodes)
     ips = {f"{PREFIX}-{i}": str(hosts[9 + i]) for i in range(1, args.nodes + 1)}
     for i, (name, ip) in enumerate(ips.items(), 1):
         start_node(i, ip, shares, args.mode)
+    figures["clocks"] = {name: set_node_clock(name, clock) for name, clock in zip(ips, clocks)}
     start: dict[str, float] = {}
     for name, ip in ips.items():
         wait_engine(name, ip, args.timeout)
@@ -635,6 +672,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="node security: --privileged, or all caps but SYS_RESOURCE (auto: privileged "
                    "when the capability bounding set allows it)")
     s.add_argument("--timeout", type=float, default=90, help="bound on each wait, seconds")
+    s.add_argument("--clocks", default="", metavar="OFFSET[@PPM],...",
+                   help="each node's clock, in node order: an offset in seconds and a drift in parts per million, "
+                        "e.g. +5@200,-6@-300,+7@100 (default: none, every node on this machine's clock)")
     s.add_argument("--out", type=output_file, default=str(DEFAULT_OUT),
                    help="the JSON written: the manager's engine, every node (name, IP, role, labels) and the "
                         "timings; `check` and bench/swarm_multinode.py read it")
@@ -649,6 +689,12 @@ def main(argv: list[str] | None = None) -> int:
                        help="bound on each wait, seconds" if name == "recover" else
                        "not used by fail (it waits for nothing); accepted like recover's")
         s.set_defaults(fn=fn)
+    s = sub.add_parser("power", help="power a node off (fail) or on (recover): the command a `node` fault's "
+                                     "kill runs ($ISLANDS_NODE_POWER='python3 bench/swarm_nodes.py power {node} {action}')")
+    s.add_argument("node", help=f"the node's container name, {PREFIX}-N")
+    s.add_argument("action", choices=["off", "on"], help="off: docker kill the node; on: start it and wait for it")
+    s.add_argument("--timeout", type=float, default=90, help="bound on each wait of `on`, seconds")
+    s.set_defaults(fn=lambda a: (cmd_fail if a.action == "off" else cmd_recover)(a))
     check = s = sub.add_parser("check", help="throwaway stack: placement, overlay, bind mount, node failover")
     s.add_argument("--victim", default=f"{PREFIX}-3",
                    help="the worker node powered off (docker kill) to time detection and reschedule")

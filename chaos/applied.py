@@ -63,7 +63,11 @@ def _num(value: object) -> float | None:
 
 
 def fault_targets(entry: dict) -> list[str]:
-    """The targets a start entry's fault names (`?` when it names none)."""
+    """The targets a start entry's fault names (`?` when it names none); for a fault whose
+    target is not a unit (a node), the units it hit when it started, as recorded."""
+    units = entry.get("units")
+    if isinstance(units, list) and units:
+        return [str(u) for u in units]
     fault = entry.get("fault") if isinstance(entry.get("fault"), dict) else {}
     targets = fault.get("targets")
     if isinstance(targets, (list, tuple)) and targets:
@@ -180,7 +184,8 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
         stop = stops.get(h["index"])
         until = stop_late = shortfall = None
         if stop is not None:
-            kill = h.get("kind") in OUTAGE_KINDS
+            # A node powered off is an outage too: back when the node is, not when power-on is issued.
+            kill = h.get("kind") in OUTAGE_KINDS or (h.get("kind") == "node" and fault.get("mode") == "kill")
             until = _done(stop) if kill else float(stop["at"])
             # Over when its stop returned (a toxic removed, a process resumed), or for a kill
             # when its restart was issued: the restart's own start-up is the kill's recovery.

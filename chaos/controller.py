@@ -209,6 +209,8 @@ class Controller:
             did, ok, error = None, False, f"{type(exc).__name__}: {exc}"
             self._error(f"faults[{event.index}] {event.action}: {error}")
         extra = {"waited_for": waited} if waited else {}
+        if ok and event.action == "start" and (units := nemesis.affected(self.cluster, event.fault)) is not None:
+            extra["units"] = units  # what a node fault hit: the checks judge their recovery
         return self.history.record(event=event.action, index=event.index, kind=event.fault.kind,
                                    fault=describe_fault(event.fault), planned=event.time,
                                    at=round(started - t0, 4), took=round(self.clock() - started, 4),

@@ -18,6 +18,7 @@ from .backends.stack import LEARNERS_LABEL, Placement, dump_stack, render_stack
 
 EPILOG = """\
 then, on a swarm manager, with the syncer's node labelled (docker node update --label-add islands.syncer=true NODE),
+/var/lib/islands/host-clock made on every node (mkdir -p; the tasks read the node's clock there),
 and each learner's own key written (python -m trainer.keys runs/swarm/secret N runs/swarm/keys/learner-N.key):
   ISLANDS_RUN_DIR=$PWD/runs/swarm ISLANDS_SECRET_FILE=$PWD/runs/swarm/secret ISLANDS_KEY_DIR=$PWD/runs/swarm/keys \\
       docker stack deploy --resolve-image never -c stack.yaml islands

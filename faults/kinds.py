@@ -41,6 +41,11 @@ PartitionMode = Literal["blackhole", "refuse"]
 
 TARGET_FORMS = "syncer, learner-N or learner-N/rank-R"
 LINK_FORM = "learner-N, the link between learner N and the syncer"
+NODE_OF = "node-of:"
+NODE_FORMS = "a node's hostname, e.g. islands-node-3, or node-of:UNIT, e.g. node-of:learner-2"
+NODE_OF_WHY = "node-of: names a unit (syncer or learner-N), not one of its ranks: name node-of:{unit} instead"
+NODE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+NODE_MODES = ("kill", "partition")
 _TARGET_RE = re.compile(r"syncer|learner-([1-9][0-9]*)(?:/rank-(0|[1-9][0-9]*))?")
 
 
@@ -111,7 +116,8 @@ def target_sort_key(name: str) -> tuple:
 class Rule:
     """How one field is checked: its type and the allowed range, kept next to the field."""
 
-    type: Literal["number", "integer", "bool", "process_target", "link_target", "link_targets", "choice"]
+    type: Literal["number", "integer", "bool", "process_target", "link_target", "link_targets", "choice",
+                  "node_target"]
     gt: float | None = None
     ge: float | None = None
     le: float | None = None
@@ -247,6 +253,16 @@ def check_value(rule: Rule, value: object, learners: int | None = None) -> list[
                     out.append(("", f"duplicate target {item!r}"))
                 seen.add(item)
         return out
+    if t == "node_target":
+        if not isinstance(value, str):
+            return [("", f"expected a string, got {describe(value)}")]
+        if value.startswith(NODE_OF):
+            unit = value[len(NODE_OF):]
+            problems = check_value(Rule("process_target", units=True, why=NODE_OF_WHY), unit, learners)
+            return [("", f"{NODE_OF}{unit}: {msg}") for _, msg in problems]
+        if not NODE_NAME_RE.match(value):
+            return [("", f"invalid node {value!r} (expected {NODE_FORMS})")]
+        return []
     raise AssertionError(f"unknown rule type {t!r}")  # pragma: no cover
 
 
@@ -287,6 +303,8 @@ CLOCK_TARGET = Rule(
     " name {unit!r} instead of {target!r}",
 )
 CLOCK_MODE = Rule("choice", choices=CLOCK_MODES, noun="mode")
+NODE_TARGET = Rule("node_target")
+NODE_MODE = Rule("choice", choices=NODE_MODES, noun="mode")
 CLOCK_OFFSET = Rule("number", ge=-TEN_YEARS, le=TEN_YEARS)
 CLOCK_RATE = Rule("number", gt=0, le=1000)
 
@@ -734,18 +752,43 @@ class Clock(ProcessFault):
         return out
 
 
+# --------------------------------------------------------------------------- node faults
+
+
+@dataclass(frozen=True)
+class Node(BaseFault):
+    """A whole host of a cluster spread over several (the swarm backend), not one process.
+
+    ``kill``: the node's engine stops (its power is cut): every task on it dies at once, the
+    manager notices the node down and Swarm runs its tasks on other nodes; at the fault's end
+    the node comes back, empty. ``partition``: the node is cut off the cluster's overlay
+    networks, its tasks still running; at the end it is joined again.
+
+    ``target`` is a node's name (its hostname), or ``node-of:UNIT`` (syncer or learner-N) for
+    whichever node runs that unit when the fault starts, so one schedule fits any placement.
+    Backends that run every process on one machine refuse the kind by name.
+    """
+
+    kind: ClassVar[str] = "node"
+    at: float = _field(AT)
+    duration: float = _field(DURATION)
+    target: str = _field(NODE_TARGET)
+    mode: str = _field(NODE_MODE)
+
+
 Fault = Union[
     Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout,
-    Disk, PowerLoss, Clock,
+    Disk, PowerLoss, Clock, Node,
 ]
 
 KINDS: dict[str, type[BaseFault]] = {
     cls.kind: cls
     for cls in (
         Kill, Pause, Partition, Latency, Bandwidth, ResetPeer, SlowClose, Slicer, LimitData, Timeout,
-        Disk, PowerLoss, Clock,
+        Disk, PowerLoss, Clock, Node,
     )
 }
+NODE_KINDS: tuple[str, ...] = ("node",)
 PROCESS_KINDS: tuple[str, ...] = tuple(k for k, c in KINDS.items() if issubclass(c, ProcessFault))
 LINK_KINDS: tuple[str, ...] = tuple(k for k, c in KINDS.items() if issubclass(c, LinkFault))
 # Kinds that take their target down for the fault's duration and start it again at its

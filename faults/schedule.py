@@ -30,7 +30,9 @@ from faults.kinds import (
     BaseFault,
     Fault,
     Kill,
+    NODE_OF,
     LinkFault,
+    Node,
     Partition,
     PowerLoss,
     ProcessFault,
@@ -137,6 +139,8 @@ def contend(a: BaseFault, b: BaseFault) -> bool:
         return a.target == b.target and any(s in b.streams for s in a.streams)
     if isinstance(a, Partition) and isinstance(b, Partition):
         return any(t in b.targets for t in a.targets)
+    if isinstance(a, Node) and isinstance(b, Node):
+        return a.target == b.target
     return False
 
 
@@ -178,6 +182,10 @@ def _clash(i: int, a: BaseFault, j: int, b: BaseFault) -> str | None:
         if not _overlap(a.at, a.end, b.at, b.end):
             return None
         return f"{head}: both partition {', '.join(common)} ({a.span} and {b.span}); a link can be partitioned only once at a time"
+    if isinstance(a, Node) and isinstance(b, Node):
+        if not _overlap(a.at, a.end, b.at, b.end):
+            return None
+        return f"{head} on node {a.target} ({a.span} and {b.span}); a node can have only one fault at a time"
     return None
 
 
@@ -485,11 +493,15 @@ class Schedule:
     # ---- what the controller needs
 
     def targets(self) -> tuple[str, ...]:
-        """Every target named by any fault (process targets and links), in natural order."""
+        """Every target named by any fault (process targets and links), in natural order; a
+        node fault names the unit of its node-of:UNIT (a hostname names no process)."""
         names: set[str] = set()
         for fault in self.faults:
             if isinstance(fault, Partition):
                 names.update(fault.targets)
+            elif isinstance(fault, Node):
+                if fault.target.startswith(NODE_OF):
+                    names.add(fault.target[len(NODE_OF):])
             else:
                 names.add(fault.target)  # type: ignore[union-attr]
         return tuple(sorted(names, key=target_sort_key))

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from faults.kinds import (
     CLOCK_MODES,
+    NODE_MODES,
     COUNT,
     DIRECTION,
     DIRECTIONS,
@@ -217,6 +218,9 @@ def schedules(
         "slicer": slicer(),
         "disk": disk(),
         "clock": clock(),
+        # a node named by what it runs: a schedule drawn before any cluster exists fits any placement
+        "node": st.fixed_dictionaries({"target": st.sampled_from([f"node-of:{u}" for u in units]),
+                                       "mode": st.sampled_from(NODE_MODES)}),
     }
     params = {kind: special[kind] if kind in special else from_rules(kind) for kind in kinds}
 
@@ -240,6 +244,8 @@ def schedules(
             return [("process", unit)]
         if kind == "partition":
             return [("partition", t) for t in p["targets"]]
+        if kind == "node":
+            return [("node", p["target"])]
         return [("link", kind, p["target"])]
 
     more = st.sampled_from((False, True, True, True))  # shrinks to False: stop

@@ -160,7 +160,38 @@ class Cluster(ABC):
                                 f"(give {unit} more with the learner flag --ranks)")
             if getattr(f, "mode", None) == "network" and not self.supports_network_partitions:
                 problems.append(f"faults[{i}].mode: 'network' partitions need the compose backend or the swarm backend")
+            if f.kind == "node":
+                problems += [f"faults[{i}].{field}: {why}" for field, why in self.node_fault_problems(f)]
         return problems
+
+    # ----------------------------------------------------------- nodes
+    # A `node` fault acts on a whole host. A backend whose processes all run on this machine
+    # has no node to fail but the controller's own, and refuses the kind by name.
+    def node_fault_problems(self, fault) -> list[tuple[str, str]]:
+        """(field, why) for each reason this backend cannot apply the node fault `fault`."""
+        return [("kind", f"'node' faults need a cluster across several hosts, the swarm backend: the "
+                         f"{getattr(self, 'backend_name', type(self).__name__)} backend runs every process on "
+                         f"this machine")]
+
+    def resolve_node(self, target: str) -> str:
+        """The node a `node` fault's target names now (a hostname, or node-of:UNIT)."""
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
+
+    def units_on(self, node: str) -> list[str]:
+        """The units whose task runs on `node` now."""
+        return []
+
+    def node_off(self, node: str) -> str:
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
+
+    def node_on(self, node: str) -> str:
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
+
+    def node_cut(self, node: str, units: list[str]) -> str:
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
+
+    def node_join(self, node: str, units: list[str]) -> str:
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
 
     # ----------------------------------------------------------- clocks
     def clock_hosts(self) -> dict[str, tuple[str, int]]:

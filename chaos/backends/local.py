@@ -38,6 +38,7 @@ TOXIPROXY = "toxiproxy"  # the proxy server's process: not a fault target
 
 
 class LocalCluster(Cluster):
+    backend_name = "local"
     supports_disk_layer = True  # when this machine can mount it (preflight says what it lacks)
 
     def __init__(self, run_dir: str | os.PathLike, spec: RunSpec | None = None, toxiproxy_url: str | None = None,

@@ -18,7 +18,13 @@ networks, the secret) and this module adds what Swarm alone needs:
   it every connection to a virtual IP fails with "no route to host";
 - no health checks on the syncer and learners: a paused container fails its probe, and
   Swarm replaces an unhealthy task, which would turn a pause into a kill;
-- one service per learner, as many as the run asks for.
+- one service per learner, as many as the run asks for;
+- each node's clock: a task names its node ($ISLANDS_HOST, Swarm's {{.Node.Hostname}}) and
+  reads the node's clock file (HOST_CLOCK_DIR on the node, bind-mounted read-only; none
+  there: the kernel's clock), and a global `clock` service answers the controller's clock
+  probes on every node, on a UDP port published on that node alone (mode host). Nodes are
+  separate machines whose clocks disagree; the controller places every event on its own
+  timeline through those probes (chaos/timeline.py).
 
 `python -m chaos stack` prints it for a deployment by hand.
 """
@@ -38,6 +44,12 @@ LEARNERS_LABEL = "islands.learners"   # nodes learners may run on
 DROPPED_KEYS = ("depends_on", "ports", "container_name", "build")
 PROXY_CONFIG = "toxiproxy_config"
 PROXY_CONFIG_TARGET = "/config/toxiproxy.json"
+# On every node: the node's clock (clock.json, trainer/clock.py's host clock file), if any.
+HOST_CLOCK_DIR = "/var/lib/islands/host-clock"
+HOST_CLOCK_TARGET = "/islands/host-clock"
+CLOCK_SERVICE = "clock"
+CLOCK_PORT = 7071  # UDP, published on each node (mode host) for the controller's probes
+NODE_NAME = "{{.Node.Hostname}}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,29 @@ def _swarm_service(svc: dict, deploy: dict, health: bool) -> dict:
         out["healthcheck"] = {"disable": True}
     out["deploy"] = deploy
     return out
+
+
+def _on_node_clock(svc: dict) -> dict:
+    """`svc` naming its node and reading the node's clock (see the module's docstring)."""
+    from trainer.clock import HOST_CLOCK_ENV, HOST_ENV
+    env = svc.get("environment") or {}
+    if isinstance(env, list):  # KEY=VALUE items
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    out = dict(svc)
+    out["environment"] = {**env, HOST_ENV: NODE_NAME, HOST_CLOCK_ENV: f"{HOST_CLOCK_TARGET}/clock.json"}
+    out["volumes"] = [*svc.get("volumes", []), {"type": "bind", "source": HOST_CLOCK_DIR,
+                                                 "target": HOST_CLOCK_TARGET, "read_only": True}]
+    return out
+
+
+def _clock_service(image: str) -> dict:
+    """The clock probes' responder, one task per node, reading the node's clock."""
+    svc = _on_node_clock({
+        "image": image, "init": True,
+        "command": ["chaos.clock_probe", "serve", "--bind", "0.0.0.0", "--port", str(CLOCK_PORT)]})
+    svc["ports"] = [{"target": CLOCK_PORT, "published": CLOCK_PORT, "protocol": "udp", "mode": "host"}]
+    svc["deploy"] = {"mode": "global", "restart_policy": {"condition": "any", "delay": RESTART_DELAY}}
+    return svc
 
 
 def _proxy_service(svc: dict, deploy: dict, compose_dir: Path) -> tuple[dict, dict]:
@@ -103,13 +138,14 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
     compose_dir = Path(compose_files[0]).resolve().parent
     proxy, configs = _proxy_service(services["toxiproxy"], _deploy(placement.syncer), compose_dir)
     out: dict[str, dict] = {
-        "syncer": _swarm_service(services["syncer"], _deploy(placement.syncer), health=False),
+        "syncer": _swarm_service(_on_node_clock(services["syncer"]), _deploy(placement.syncer), health=False),
         "toxiproxy": proxy,
+        CLOCK_SERVICE: _clock_service(services["syncer"]["image"]),
     }
     template = defined[min(defined)]
     for i in range(1, learners + 1):
         base = defined.get(i) or template
-        svc = learner_service(base, i, (learner_args or {}).get(i, ()))  # its own key, as a Docker secret
+        svc = _on_node_clock(learner_service(base, i, (learner_args or {}).get(i, ())))  # its own key, as a secret
         out[f"learner-{i}"] = _swarm_service(svc, _deploy(placement.learners, placement.preferences), health=False)
 
     document = yaml_document(compose_files[0])

@@ -26,7 +26,7 @@ import calendar
 import json
 import os
 import time
-
+from pathlib import Path
 
 from trainer.runspec import RunSpec
 
@@ -35,9 +35,14 @@ from .base import UnknownTarget, UnsupportedFault
 from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
 from .compose_cli import ComposeError, run_engine_cli
 from .ranks import split_rank
-from .stack import LEARNERS_LABEL, SYNCER_LABEL, Placement, dump_stack, render_stack
+from .stack import CLOCK_PORT, HOST_CLOCK_DIR, LEARNERS_LABEL, SYNCER_LABEL, Placement, dump_stack, render_stack
 
 STACK_ENV = "ISLANDS_SWARM_STACK"
+# A command that powers a node off or on: {node} (its hostname) and {action} (off, on) are
+# filled in; e.g. "python3 bench/swarm_nodes.py power {node} {action}" for the nodes that
+# script makes, an IPMI or cloud CLI call for real hosts. Without it a node cannot be killed.
+NODE_POWER_ENV = "ISLANDS_NODE_POWER"
+NODE_POWER_TIMEOUT = 120.0
 DEFAULT_STACK = "islands-chaos"
 API_ADDRESS_ENV = "ISLANDS_SWARM_API_ADDRESS"  # where the API relay publishes (127.0.0.1)
 ENGINE_LABEL = "islands.engine"
@@ -51,6 +56,15 @@ POLL = 0.25
 
 class SwarmError(ComposeError):
     """The swarm is missing, refused a request, or did not converge in time; the message says which."""
+
+
+def node_address(attrs: dict) -> str:
+    """Where a node is reached: its status address, or a manager's own address where the
+    engine reports 0.0.0.0 for it (as it does for managers)."""
+    addr = attrs.get("Status", {}).get("Addr") or ""
+    if addr in ("", "0.0.0.0"):
+        addr = (attrs.get("ManagerStatus") or {}).get("Addr", "127.0.0.1").rsplit(":", 1)[0]
+    return addr
 
 
 def _parse_time(stamp: str) -> float:
@@ -77,6 +91,8 @@ class SwarmCluster(ComposeCluster):
         self._killed: dict[str, tuple[str | None, float]] = {}  # unit -> (container id, wall time)
         self._deployed = False
         self._node_id: str | None = None
+        self._clock_hosts: tuple[float, dict[str, tuple[str, int]]] = (-1e9, {})
+        self._node_cut: dict[str, list[str]] = {}  # node -> what a node partition cut off
 
     # ----------------------------------------------------------- engines
     def _local_node(self) -> str:
@@ -172,6 +188,113 @@ class SwarmCluster(ComposeCluster):
                     return task
         return None
 
+    # ----------------------------------------------------------- node faults
+    def _nodes_by_name(self) -> dict[str, object]:
+        return {n.attrs["Description"]["Hostname"]: n for n in self.docker.nodes.list()}
+
+    def _manager_name(self) -> str:
+        return self.docker.nodes.get(self._local_node()).attrs["Description"]["Hostname"]
+
+    def node_fault_problems(self, fault) -> list[tuple[str, str]]:
+        if fault is None:
+            return [("kind", "no such node")]
+        problems = []
+        if fault.mode == "kill" and not os.environ.get(NODE_POWER_ENV):
+            problems.append(("mode", f"'kill' of a node needs ${NODE_POWER_ENV}, a command that powers a node off "
+                                     f"and on with {{node}} and {{action}} (off, on) in it, e.g. 'python3 "
+                                     f"bench/swarm_nodes.py power {{node}} {{action}}' for that script's nodes"))
+        if not fault.target.startswith("node-of:"):
+            try:
+                names = self._nodes_by_name()
+            except Exception:  # noqa: BLE001 - no engine yet: the preflight says so
+                names = None
+            if names is not None and fault.target not in names:
+                problems.append(("target", f"no node {fault.target!r} in this swarm (nodes: {', '.join(sorted(names))})"))
+            elif names is not None and fault.mode == "kill" and fault.target == self._manager_name():
+                problems.append(("target", f"{fault.target} is the swarm's manager, through which the controller "
+                                           f"drives the swarm: kill another node"))
+        return problems
+
+    def resolve_node(self, target: str) -> str:
+        if target.startswith("node-of:"):
+            unit = self.check_target(target[len("node-of:"):])
+            task = self._running_task(unit)
+            if task is None:
+                raise UnsupportedFault(f"{target}: {unit} runs on no node now (it is down)")
+            return self.docker.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
+        if target not in self._nodes_by_name():
+            raise UnknownTarget(f"no node {target!r} in this swarm")
+        return target
+
+    def units_on(self, node: str) -> list[str]:
+        return sorted(u for u, host in self.placement_of().items() if host == node and u in self.units())
+
+    def _power(self, node: str, action: str) -> None:
+        import shlex
+        import subprocess
+        template = os.environ.get(NODE_POWER_ENV)
+        if not template:
+            raise UnsupportedFault(f"node faults of mode 'kill' need ${NODE_POWER_ENV}")
+        argv = shlex.split(template.format(node=node, action=action))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=NODE_POWER_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            raise SwarmError(f"${NODE_POWER_ENV} {action} {node}: no answer within {NODE_POWER_TIMEOUT:.0f} s") from None
+        if done.returncode != 0:
+            raise SwarmError(f"${NODE_POWER_ENV} {action} {node}: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+
+    def node_off(self, node: str) -> str:
+        if node == self._manager_name():
+            raise UnsupportedFault(f"{node} is the swarm's manager, through which the controller drives the swarm")
+        self._power(node, "off")
+        self._clock_hosts = (-1e9, {})  # its clock no longer answers
+        return f"powered off {node}"
+
+    def node_on(self, node: str) -> str:
+        started = time.monotonic()
+        self._power(node, "on")
+        deadline = started + RESTART_TIMEOUT
+        while self._nodes_by_name().get(node) is None or \
+                self._nodes_by_name()[node].attrs["Status"].get("State") != "ready":
+            if time.monotonic() > deadline:
+                raise SwarmError(f"{node} was powered on but its manager did not see it ready within "
+                                 f"{RESTART_TIMEOUT:.0f} s")
+            time.sleep(POLL)
+        self._clock_hosts = (-1e9, {})
+        return f"powered on {node}, ready again {time.monotonic() - started:.1f} s later"
+
+    def node_cut(self, node: str, units: list[str]) -> str:
+        cut = [u for u in [*units, "toxiproxy"] if u in units or self.placement_of().get(u) == node]
+        self._node_cut[node] = cut
+        for name in cut:
+            self._cut(name, self._container_of(name))
+        return f"cut {node} off the overlay networks"
+
+    def node_join(self, node: str, units: list[str]) -> str:
+        for name in self._node_cut.pop(node, units):
+            self.connect(name)
+        return f"joined {node} to the overlay networks again"
+
+    # ----------------------------------------------------------- node clocks
+    NODE_LIST_EVERY = 5.0  # the prober asks each round; the nodes are listed at most this often
+
+    def clock_hosts(self) -> dict[str, tuple[str, int]]:
+        """Every ready node, by hostname (what its tasks stamp as their host), and where its
+        clock responder answers: the node's address, the port each node publishes."""
+        listed_at, hosts = self._clock_hosts
+        if time.monotonic() - listed_at < self.NODE_LIST_EVERY:
+            return hosts
+        hosts = {}
+        try:
+            for node in self.docker.nodes.list():
+                if node.attrs["Status"].get("State") != "ready":
+                    continue
+                hosts[node.attrs["Description"]["Hostname"]] = (node_address(node.attrs), CLOCK_PORT)
+        except Exception:  # noqa: BLE001 - an engine too slow to list nodes: probe the last ones known
+            return hosts or self._clock_hosts[1]
+        self._clock_hosts = (time.monotonic(), hosts)
+        return hosts
+
     def placement_of(self) -> dict[str, str]:
         """Each unit's node now (hostname), for reports and the multi-node bench."""
         out = {}
@@ -216,6 +339,10 @@ class SwarmCluster(ComposeCluster):
 
     def start(self) -> None:
         self.preflight()
+        # The node clock's bind source must exist on every node; on this one the controller
+        # makes it (empty: this machine's own clock). Other nodes are made by their operator
+        # (bench/swarm_nodes.py up writes each node's clock there).
+        Path(HOST_CLOCK_DIR).mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self.leftovers = self._remove_stack()
@@ -410,8 +537,11 @@ class SwarmCluster(ComposeCluster):
     # ----------------------------------------------------------- networks
     def disconnect(self, target: str) -> None:
         """Cut the task's container off its overlay networks; refused with the engine's reason."""
+        self._cut(target, self._container(target))
+
+    def _cut(self, target: str, c) -> None:
+        """Cut container `c` (of `target`: a unit, or the proxy) off its overlay networks."""
         import docker.errors
-        c = self._container(target)
         if c is None or target in self._partitioned:
             return
         c.reload()

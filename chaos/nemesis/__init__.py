@@ -32,6 +32,9 @@ What a backend (``chaos/backends/base.py``'s ``Cluster``) must implement for the
 nemeses here: the process primitives ``kill``, ``pause``, ``resume``, ``restart`` (which
 may return a note for the history), ``is_running`` and ``is_paused``; for partition mode
 ``network``, ``disconnect`` and ``connect`` (and ``supports_network_partitions = True``).
+For ``node`` faults (a whole host): ``resolve_node``, ``units_on``, ``node_off``/``node_on``
+and ``node_cut``/``node_join``; a backend on one machine refuses the kind by name
+(``node_fault_problems``).
 ``hold_down`` (a no-op by default) matters only to an engine that restarts what dies by
 itself (Swarm): it keeps a ``restart: false`` kill down.
 Links need a ``toxiproxy`` client and ``link_proxy``, which the base class provides.
@@ -45,6 +48,7 @@ from .base import Nemesis, Registry, UnknownKind
 from .clock import ClockNemesis
 from .disk import DiskNemesis
 from .kill import KillNemesis
+from .node import NodeNemesis
 from .partition import PartitionNemesis
 from .pause import PauseNemesis
 from .power import PowerLossNemesis
@@ -53,7 +57,7 @@ if TYPE_CHECKING:
     from ..backends.base import Cluster
 
 NEMESES = Registry(KillNemesis(), PauseNemesis(), PartitionNemesis(), *toxic.NEMESES, DiskNemesis(),
-                   PowerLossNemesis(), ClockNemesis())
+                   PowerLossNemesis(), ClockNemesis(), NodeNemesis())
 
 
 def nemesis_for(fault: Any) -> Nemesis:

@@ -40,6 +40,11 @@ class Nemesis(ABC):
     def stop(self, cluster: Cluster, fault: Any) -> str:
         """Undo `fault`; returns what was done, for the history."""
 
+    def affected(self, cluster: Cluster, fault: Any) -> list[str] | None:
+        """The units a started fault turned out to hit, when its target does not name them
+        (a node's units): recorded with the fault for the checks. None: its target says."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.kind!r})"
 

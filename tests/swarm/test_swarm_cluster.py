@@ -1,5 +1,6 @@
 """The same cluster as a Docker Swarm stack: Swarm restarts what a kill took down, faults reach
-each task's container on its node, checks read the bind-mounted event logs. Needs a Docker
+each task's container on its node, every node's clock is probed and events placed on the
+controller's timeline, checks read the bind-mounted event logs. Needs a Docker
 engine that is a swarm manager, and the islands image."""
 from __future__ import annotations
 
@@ -60,7 +61,11 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     # The API is reached through the relay on 127.0.0.1, never a port Swarm publishes everywhere.
     assert json.loads((out / "toxiproxy.json").read_text())["url"].startswith("http://127.0.0.1:")
     stack = yaml.safe_load((out / "stack.yaml").read_text())
-    assert all("ports" not in s for s in stack["services"].values())
+    assert all("ports" not in s for name, s in stack["services"].items() if name != "clock")
+    # The clock probes' responder: one per node, its UDP port published on that node only.
+    assert all(port["mode"] == "host" for port in stack["services"]["clock"]["ports"])
+    timeline = next(c for c in verdict["checks"] if c["name"] == "timeline")
+    assert timeline["status"] == "pass" and timeline["evidence"]["hosts"], timeline
     assert stack["services"]["syncer"]["deploy"]["placement"]["constraints"] == ["node.labels.islands.syncer == true"]
     assert " learner-1 inner_step " in (out / "logs" / "learner-1.log").read_text(), "a learner's log is silent"
     assert "faults[3] kill syncer started" in done.stdout

@@ -56,12 +56,12 @@ def test_every_toxic_kind_is_served_by_the_generic_toxic_nemesis() -> None:
 
 def test_kind_facts_come_from_the_nemeses() -> None:
     # exit: a process gone on its own; a clock fault must change nothing the trainer decides
-    assert LEARNER_IMPAIRING == {"kill", "pause", "partition", "exit", "disk", "power_loss"}
+    assert LEARNER_IMPAIRING == {"kill", "pause", "partition", "exit", "disk", "power_loss", "node"}
     assert KIND_COLORS == {
         "kill": "#d62728", "pause": "#ff7f0e", "partition": "#9467bd", "latency": "#1f77b4",
         "bandwidth": "#17becf", "reset_peer": "#8c564b", "slow_close": "#bcbd22", "slicer": "#e377c2",
         "limit_data": "#7f7f7f", "timeout": "#2ca02c", "disk": "#6b6ecf", "power_loss": "#393b79",
-        "clock": "#9edae5",
+        "clock": "#9edae5", "node": "#7b4173",
     }
 
 

@@ -29,7 +29,7 @@ from faults.kinds import (
 def test_kind_strings_are_stable() -> None:
     assert list(KINDS) == [
         "kill", "pause", "partition", "latency", "bandwidth",
-        "reset_peer", "slow_close", "slicer", "limit_data", "timeout", "disk", "power_loss", "clock",
+        "reset_peer", "slow_close", "slicer", "limit_data", "timeout", "disk", "power_loss", "clock", "node",
     ]  # fmt: skip
     assert PROCESS_KINDS == ("kill", "pause", "disk", "power_loss", "clock")
     assert LINK_KINDS == ("latency", "bandwidth", "reset_peer", "slow_close", "slicer", "limit_data", "timeout")

@@ -17,6 +17,7 @@ from chaos.backends.stack import Placement, render_stack
 from chaos.backends.swarm import _parse_time
 
 ROOT = Path(__file__).resolve().parents[2]
+NODE_CLOCK_ENV = {"ISLANDS_HOST": "{{.Node.Hostname}}", "ISLANDS_HOST_CLOCK_FILE": "/islands/host-clock/clock.json"}
 FILES = [ROOT / "compose.yaml", ROOT / "compose.islands-toxiproxy.yaml"]
 
 
@@ -25,9 +26,11 @@ def test_the_stack_runs_what_compose_runs() -> None:
     stack = render_stack(FILES, learners=3)
     for name in ("syncer", "toxiproxy", "learner-1", "learner-2", "learner-3"):
         svc = stack["services"][name]
-        for key in ("image", "command", "environment", "networks", "init"):
+        for key in ("image", "command", "networks", "init"):
             if key in compose[name]:
                 assert svc[key] == compose[name][key], f"{name}.{key} differs from compose.yaml"
+        if "environment" in compose[name]:  # and, on top, the node it runs on and its clock
+            assert svc["environment"] == {**compose[name]["environment"], **NODE_CLOCK_ENV}, name
     assert stack["services"]["syncer"]["secrets"] == ["islands_secret"]
     assert stack["secrets"] == yaml.safe_load((ROOT / "compose.yaml").read_text())["secrets"]
 
@@ -37,6 +40,8 @@ def test_swarm_only_keys_are_added_and_compose_only_keys_dropped() -> None:
     services = stack["services"]
     assert stack["version"] == "3.8"
     for name, svc in services.items():
+        if name == "clock":
+            continue  # one task per node (below)
         assert "depends_on" not in svc and "ports" not in svc, name
         deploy = svc["deploy"]
         assert deploy["restart_policy"]["condition"] == "any", name   # Swarm brings a killed task back
@@ -87,7 +92,7 @@ def test_chaos_stack_prints_a_file_stack_deploy_reads(tmp_path: Path) -> None:
     text = out.read_text()
     assert "&id" not in text and "*id" not in text, "YAML anchors in a file meant for people"
     assert sorted(yaml.safe_load(text)["services"]) == sorted(
-        ["syncer", "toxiproxy", "learner-1", "learner-2", "learner-3", "learner-4"])
+        ["syncer", "toxiproxy", "clock", "learner-1", "learner-2", "learner-3", "learner-4"])
     bad = subprocess.run([sys.executable, "-m", "chaos", "stack", "--compose-file", str(tmp_path / "nope.yaml")],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--compose-file: no such file" in bad.stderr
@@ -186,3 +191,19 @@ def test_each_learner_service_gets_only_its_own_key_as_a_docker_secret() -> None
     assert stack["secrets"]["islands_key_5"] == {"file": "${ISLANDS_KEY_DIR:-./runs/compose/keys}/learner-5.key"}
     fewer = render_stack(FILES, learners=2)
     assert sorted(fewer["secrets"]) == ["islands_key_1", "islands_key_2", "islands_secret"]
+
+
+def test_every_node_answers_clock_probes_and_every_task_reads_its_nodes_clock() -> None:
+    """Nodes are machines whose clocks disagree: a task names its node and reads the node's
+    clock file; one responder per node answers the controller's probes on a port that node
+    alone publishes (mode host, not the routing mesh, which would answer from any node)."""
+    stack = render_stack(FILES, learners=2)
+    clock = stack["services"]["clock"]
+    assert clock["deploy"]["mode"] == "global"
+    assert clock["ports"] == [{"target": 7071, "published": 7071, "protocol": "udp", "mode": "host"}]
+    assert clock["command"][:2] == ["chaos.clock_probe", "serve"] and "0.0.0.0" in clock["command"]
+    for name in ("clock", "syncer", "learner-1", "learner-2"):
+        svc = stack["services"][name]
+        assert {k: svc["environment"][k] for k in NODE_CLOCK_ENV} == NODE_CLOCK_ENV, name
+        assert {"type": "bind", "source": "/var/lib/islands/host-clock", "target": "/islands/host-clock",
+                "read_only": True} in svc["volumes"], name
