@@ -10,17 +10,18 @@ node 1's engine (DOCKER_HOST), deploys the stack, and on one schedule clock:
 
 - kills a learner that runs on node 2 (Swarm's restart policy brings it back),
 - blackholes the link of a learner that runs on node 3,
-- powers node 3 off (its container SIGKILLed: engine, tasks and address gone at once),
-  measures when the manager sees it down, when Swarm has each of its learners running on a
-  surviving node, and when each rejoins and contributes a merged update; then powers it on.
+- powers node 3 off, a `node` fault of the schedule (its container SIGKILLed: engine, tasks
+  and address gone at once; $ISLANDS_NODE_POWER runs swarm_nodes.py power): Swarm runs its
+  learners on surviving nodes, and the table says when each rejoined and contributed a
+  merged update; at the fault's end the node is powered on again.
 
 Each node has a clock of its own (--node-clocks: seconds apart, drifting), as separate
 machines would: the run probes every node's clock and places each event on the
 controller's timeline (chaos/timeline.py) before judging; the table compares the offsets
 estimated with those set.
 
-The node failure goes into the history as one kill window per learner the node ran, from
-the power-off to the new task running, so the checks judge the run knowing about it.
+The node fault's history entry names the units it took down, so self_heal and rejoined judge
+the learners that were on it.
 Prints a table and writes JSON (bench/out/swarm_multinode.json).
 """
 from __future__ import annotations
@@ -30,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +42,7 @@ from chaos.clock_probe import Prober  # noqa: E402
 from chaos.controller import HISTORY_FILE, Controller, History, read_history  # noqa: E402
 from chaos.runner import evaluate_run, record_clocks, wait_until_training  # noqa: E402
 from chaos.timeline import run_events  # noqa: E402
-from faults import Kill, Partition, Schedule  # noqa: E402
+from faults import Kill, Node, Partition, Schedule  # noqa: E402
 from trainer.runspec import RunSpec  # noqa: E402
 from trainer.argtypes import Parser  # noqa: E402
 from bench.outputs import check_output, output_dir, output_file  # noqa: E402
@@ -52,9 +52,8 @@ NODES_JSON = REPO / "runs" / "swarm-nodes.json"
 FAST_TRAINER_ARGS = ("--n-layer", "1", "--n-embd", "32", "--n-head", "2", "--batch-size", "8", "--sync-every", "10")
 STACK = "islands-multinode"
 KILL_AT, PARTITION_AT, NODE_FAIL_AT = 5.0, 12.0, 25.0
+NODE_DOWN = 25.0         # the node's power stays off this long: Swarm reschedules its learners meanwhile
 AFTER_FAIL = 75.0        # schedule seconds after the power-off: reschedule, rejoin, recover, settle
-WAIT = 120.0             # bound on each wait of the node failure
-FAILURE_INDEX = 100      # history indices of the node failure's windows (the schedule's are 0, 1)
 NODE_CLOCKS = "+5@200,-6@-300,+7@100"  # seconds apart both ways and drifting, as separate machines are
 
 
@@ -84,80 +83,29 @@ def bring_up(args: argparse.Namespace) -> tuple[dict, dict]:
     return json.loads(NODES_JSON.read_text()), figures
 
 
-def wait(what: str, predicate, timeout: float = WAIT, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:.0f}s")
-        time.sleep(every)
-
-
-class NodeFailure(threading.Thread):
-    """Powers a node off on the schedule's clock, measures Swarm's repair, powers it back on."""
-
-    def __init__(self, cluster, history: History, node: dict, run_dir: Path) -> None:
-        super().__init__(name="node-failure", daemon=True)
-        self.cluster, self.history, self.node, self.run_dir = cluster, history, node, run_dir
-        self.figures: dict = {}
-        self.error: str | None = None
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:  # noqa: BLE001 - reported in the figures and the exit status
-            self.error = f"{type(exc).__name__}: {exc}"
-
-    def _run(self) -> None:
-        begin = wait("the schedule's clock to start", lambda: [h["t"] for h in read_history(self.history.path)
-                                                               if h.get("event") == "begin"], timeout=300)
-        t0 = begin[0]
-        time.sleep(max(0.0, t0 + NODE_FAIL_AT - time.monotonic()))
-        hostname = self.node["hostname"]
-        victims = sorted(u for u, h in self.cluster.placement_of().items() if h == hostname and u != "toxiproxy")
-        off = time.monotonic()
-        for k, unit in enumerate(victims):
-            self.history.record(event="start", index=FAILURE_INDEX + k, kind="kill", planned=NODE_FAIL_AT,
-                                at=round(off - t0, 3), fault={"kind": "kill", "at": NODE_FAIL_AT,
-                                                             "duration": 1, "target": unit},
-                                did=f"powered off {self.node['name']}, which ran {unit}", ok=True, error=None)
-        nodes_cli("fail", self.node["name"], timeout=120)
-        docker = self.cluster.docker
-        node_id = self.node["node_id"]
-        wait(f"the manager to see {self.node['name']} down",
-             lambda: docker.nodes.get(node_id).attrs["Status"]["State"] == "down")
-        self.figures["detected_down_s"] = round(time.monotonic() - off, 1)
-        self.figures["victims"] = victims
-        rescheduled, rejoined, contributed = {}, {}, {}
-        for k, unit in enumerate(victims):
-            def elsewhere(unit=unit):
-                task = self.cluster._running_task(unit)
-                return task is not None and task["NodeID"] != node_id and task
-            task = wait(f"Swarm to run {unit} on a surviving node", elsewhere)
-            rescheduled[unit] = round(time.monotonic() - off, 1)
-            host = docker.nodes.get(task["NodeID"]).attrs["Description"]["Hostname"]
-            self.history.record(event="stop", index=FAILURE_INDEX + k, kind="kill", planned=None,
-                                at=round(time.monotonic() - t0, 3), fault={"kind": "kill", "target": unit},
-                                did=f"Swarm ran {unit} on {host} {rescheduled[unit]} s after the power-off",
-                                ok=True, error=None)
-        # Events on the controller's timeline (the nodes' clocks disagree with it, and each other).
-        for unit in victims:
-            learner = int(unit.split("-")[1])
-            wait(f"{unit} to rejoin", lambda: any(e["kind"] == "join" and e.get("learner") == learner
-                                                  and e["t"] > off for e in run_events(self.run_dir)[0]),
-                 every=1.0)
-            rejoined[unit] = round(time.monotonic() - off, 1)
-            wait(f"{unit} to contribute a merged update",
-                 lambda: any(e["kind"] == "merge" and e["t"] > off and
-                             any(c["learner"] == learner for c in e["contributors"])
-                             for e in run_events(self.run_dir)[0]), every=1.0)
-            contributed[unit] = round(time.monotonic() - off, 1)
-        self.figures.update(rescheduled_s=rescheduled, rejoined_s=rejoined, contributed_s=contributed)
-        t = time.monotonic()
-        recovered = nodes_cli("recover", self.node["name"], timeout=300)
-        self.figures["recover"] = {**recovered, "wall_s": round(time.monotonic() - t, 1)}
+def node_failure_figures(run_dir: Path, history: list[dict]) -> dict:
+    """When the node fault's learners came back, on the controller's timeline: each one's
+    first join and first merged contribution after the power-off (seconds after it)."""
+    start = next((h for h in history if h.get("event") == "start" and h.get("kind") == "node"), None)
+    if start is None or not start.get("ok"):
+        return {"error": "the node fault did not start" + (f": {start.get('error')}" if start else "")}
+    stop = next((h for h in history if h.get("event") == "stop" and h.get("index") == start["index"]), {})
+    off = start["t"]
+    events = run_events(run_dir)[0]
+    figures: dict = {"victims": start.get("units", []), "did": start.get("did"), "stop": stop.get("did"),
+                     "rejoined_s": {}, "contributed_s": {}, "error": None}
+    for unit in figures["victims"]:
+        if not unit.startswith("learner-"):
+            continue
+        learner = int(unit.split("-")[1])
+        joins = [e["t"] for e in events if e["kind"] == "join" and e.get("learner") == learner and e["t"] > off]
+        merged = [e["t"] for e in events if e["kind"] == "merge" and e["t"] > off
+                  and any(c["learner"] == learner for c in e["contributors"])]
+        figures["rejoined_s"][unit] = round(joins[0] - off, 1) if joins else None
+        figures["contributed_s"][unit] = round(merged[0] - off, 1) if merged else None
+        if not merged:
+            figures["error"] = f"{unit} never contributed after its node was powered off"
+    return figures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -181,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     nodes, figures = bring_up(args)
     manager = nodes["nodes"][0]
     os.environ.update(DOCKER_HOST=nodes["manager"], ISLANDS_SWARM_API_ADDRESS=manager["ip"],
-                      ISLANDS_SWARM_STACK=STACK)
+                      ISLANDS_SWARM_STACK=STACK,
+                      # the node fault's power switch: the nodes are containers of this machine's engine
+                      ISLANDS_NODE_POWER=f"env -u DOCKER_HOST {sys.executable} {NODES_SCRIPT} power {{node}} {{action}}")
     from chaos.backends.swarm import SwarmCluster  # after DOCKER_HOST: its client is the manager's
 
     run_dir = REPO / "runs" / f"swarm-multinode-{datetime.now():%Y%m%d-%H%M%S}"  # shared with every node
@@ -193,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     history = History(run_dir / HISTORY_FILE)
     report: dict = {"nodes": [{k: n.get(k) for k in ("name", "ip", "role", "labels", "hostname")}
                               for n in nodes["nodes"]], "setup": figures, "run_dir": str(run_dir)}
-    failure = None
     prober = None
     try:
         history.record(event="cluster_start", backend="swarm", learners=args.learners)
@@ -204,26 +153,24 @@ def main(argv: list[str] | None = None) -> int:
         report["start_to_training_s"] = round(time.monotonic() - t, 1)
         placement = cluster.placement_of()
         report["placement"] = placement
-        by_host = {n["hostname"]: n for n in nodes["nodes"]}
         on = {n["name"]: sorted(u for u, h in placement.items() if h == n["hostname"] and u.startswith("learner"))
               for n in nodes["nodes"]}
         learner_nodes = [n for n in nodes["nodes"][1:] if on[n["name"]]]
         if len(learner_nodes) < 2:
             raise SystemExit(f"learners landed on fewer than 2 nodes: {placement}")
         kill_node, fail_node = learner_nodes[0], learner_nodes[-1]
+        # One schedule: a learner killed, a learner's link cut, and a whole node powered off
+        # (a `node` fault: Swarm runs its learners elsewhere; at the fault's end it comes back).
         schedule = Schedule(name="swarm-multinode", seed=16, learners=args.learners, faults=(
             Kill(at=KILL_AT, duration=4, target=on[kill_node["name"]][0]),
-            Partition(at=PARTITION_AT, duration=5, targets=(on[fail_node["name"]][0],))))
+            Partition(at=PARTITION_AT, duration=5, targets=(on[fail_node["name"]][0],)),
+            Node(at=NODE_FAIL_AT, duration=NODE_DOWN, target=fail_node["hostname"], mode="kill")))
         schedule.dump(run_dir / "schedule.yaml")
-        report["faults"] = [f.to_dict() | {"node": n["name"]} for f, n in zip(schedule.faults, (kill_node, fail_node))]
-        report["node_failure"] = {"node": fail_node["name"], "at": NODE_FAIL_AT}
-        failure = NodeFailure(cluster, history, by_host[fail_node["hostname"]], run_dir)
-        failure.start()
+        report["faults"] = [f.to_dict() | {"node": n["name"]}
+                            for f, n in zip(schedule.faults, (kill_node, fail_node, fail_node))]
+        report["node_failure"] = {"node": fail_node["name"], "at": NODE_FAIL_AT, "down_for": NODE_DOWN}
         controller = Controller(cluster, schedule, history)
         controller.run(NODE_FAIL_AT + AFTER_FAIL)
-        failure.join(timeout=WAIT)
-        if failure.is_alive():
-            failure.error = f"the node failure's measurements did not finish within {WAIT:.0f}s after the schedule"
     finally:
         try:
             cluster.stop()
@@ -235,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.keep_nodes:
                 nodes_cli("down", timeout=600)
     result = evaluate_run(run_dir, args.learners)
-    report["node_failure"].update(failure.figures if failure else {})
-    report["node_failure"]["error"] = failure.error if failure else "not run"
+    report.setdefault("node_failure", {}).update(node_failure_figures(run_dir, read_history(run_dir / HISTORY_FILE)))
     report["actions"] = [{k: h.get(k) for k in ("event", "index", "at", "took", "did")}
                          for h in read_history(run_dir / HISTORY_FILE) if h.get("event") in ("start", "stop")]
     report["verdict"] = {v.name: v.status for v in result.verdicts}
@@ -248,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print_table(report)
-    return 0 if result.passed and report["node_failure"]["error"] is None else 1
+    return 0 if result.passed and report["node_failure"].get("error") is None else 1
 
 
 def clock_table(run_dir: Path, nodes: dict) -> list[dict]:
@@ -276,9 +222,8 @@ def print_table(report: dict) -> None:
     for a in report.get("actions", []):
         print(f"  t={a['at']:>6}  {a['event']:<5} {a['did']}")
     nf = report.get("node_failure", {})
-    print(f"  node failure of {nf.get('node')}: seen down after {nf.get('detected_down_s')} s; "
-          f"rescheduled {nf.get('rescheduled_s')}; rejoined {nf.get('rejoined_s')}; "
-          f"contributed {nf.get('contributed_s')} (s after the power-off)")
+    print(f"  node fault on {nf.get('node')}: {nf.get('did')}; its learners rejoined {nf.get('rejoined_s')} and "
+          f"contributed {nf.get('contributed_s')} (s after the power-off); {nf.get('stop')}")
     for c in report.get("clocks", []):
         print(f"  clock of {c['host']:<16} set {c['set_offset_s']:+.3f} s {c['set_drift_ppm']:+.0f} ppm, estimated "
               f"{c['estimated_offset_s']:+.3f} s {c['estimated_drift_ppm']:+.0f} ppm (off by {c['off_by_ms']} ms, "

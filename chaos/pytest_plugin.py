@@ -565,7 +565,6 @@ class ChaosSession:
     def verdicts(self, checker_options: dict | None = None, all_runs: bool = False) -> list[Verdict]:
         """The checks over the events so far and the history of the last `run` (of every run
         with `all_runs=True`). The cluster keeps running; writes verdict.json."""
-        from trainer.events import read_events
 
         from .checkers import RunView, run_checkers, verdict_document
         from .controller import read_history

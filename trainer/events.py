@@ -14,7 +14,6 @@ import json
 import math
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 

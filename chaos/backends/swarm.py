@@ -264,16 +264,50 @@ class SwarmCluster(ComposeCluster):
         return f"powered on {node}, ready again {time.monotonic() - started:.1f} s later"
 
     def node_cut(self, node: str, units: list[str]) -> str:
+        """Take down the overlay links of every stack task on `node` (its units and the proxy,
+        if there): the node is cut off, its tasks keep running (chaos/netcut.py says why links
+        and not a network disconnect)."""
         cut = [u for u in [*units, "toxiproxy"] if u in units or self.placement_of().get(u) == node]
         self._node_cut[node] = cut
-        for name in cut:
-            self._cut(name, self._container_of(name))
+        self._switch_links(cut, up=False)
         return f"cut {node} off the overlay networks"
 
     def node_join(self, node: str, units: list[str]) -> str:
-        for name in self._node_cut.pop(node, units):
-            self.connect(name)
+        self._switch_links(self._node_cut.pop(node, units), up=True)
         return f"joined {node} to the overlay networks again"
+
+    def _switch_links(self, names: list[str], up: bool) -> None:
+        """chaos.netcut in a helper container in each task's network namespace, with
+        CAP_NET_ADMIN alone (a privileged exec needs every capability, which a host may not
+        grant), all at once: one node's tasks are cut together."""
+        import concurrent.futures
+
+        import docker.errors
+
+        def one(name: str) -> str | None:
+            c = self._container_of(name)
+            if c is None:
+                return f"{name}: no container"
+            c.reload()
+            # The control network stays: the controller reaches the proxy's API over it.
+            keep = [s.get("IPAddress") for net, s in c.attrs["NetworkSettings"]["Networks"].items()
+                    if net.endswith("_control") and s.get("IPAddress")]
+            argv = ["chaos.netcut", "up" if up else "down"]
+            for a in keep:
+                argv += ["--keep", a]
+            engine = self._engine(self._node_of(c))
+            try:
+                engine_retry(engine.containers.run)(
+                    self.image, argv, network_mode=f"container:{c.id}", cap_add=["NET_ADMIN"], remove=True,
+                    labels={NAMESPACE_LABEL: self.stack, "islands.role": "netcut"})
+            except docker.errors.ContainerError as exc:
+                return f"{name}: {exc.stderr.decode(errors='replace').strip() if exc.stderr else exc}"
+            return None
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+            errors = [e for e in pool.map(one, names) if e]
+        if errors:
+            raise SwarmError(f"could not take links {'up' if up else 'down'}: {'; '.join(errors)}")
 
     # ----------------------------------------------------------- node clocks
     NODE_LIST_EVERY = 5.0  # the prober asks each round; the nodes are listed at most this often

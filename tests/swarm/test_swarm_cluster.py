@@ -31,7 +31,8 @@ def chaos_cli(*args: str, timeout: float) -> subprocess.CompletedProcess:
 
 def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     """A kill Swarm repairs, a pause, a blackhole, a syncer kill (its new task loads the state
-    volume on its pinned node), a learner cut off its overlay network: every check passes,
+    volume on its pinned node), a learner cut off its overlay network, a node cut off (on one
+    node: every task at once): every check passes,
     as a user runs it, `python -m chaos run ... --backend swarm`."""
     out = tmp_path / "run"
     done = chaos_cli("run", str(ACCEPTANCE), "--backend", "swarm", "--out", str(out), "--", *FAST_TRAINER_ARGS,
@@ -42,7 +43,7 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
 
     history = read_history(out / "history.jsonl")
     actions = {(h["index"], h["event"]): h for h in history if h.get("event") in ("start", "stop")}
-    assert len(actions) == 10 and all(h["ok"] for h in actions.values()), actions
+    assert len(actions) == 12 and all(h["ok"] for h in actions.values()), actions
     for index, target in ((0, "learner-1"), (3, "syncer")):
         assert actions[(index, "start")]["did"] == f"SIGKILL {target}"
         assert actions[(index, "stop")]["did"].startswith(f"restarted {target} (Swarm's new task running "), \
@@ -50,6 +51,11 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     assert actions[(1, "start")]["did"] == "SIGSTOP learner-2"
     assert actions[(2, "start")]["did"].startswith("added toxics learner-3/partition_")
     assert actions[(4, "start")]["did"].startswith("disconnected learner-1")
+    # The node fault: learner-2's node, and every unit on it, recorded for the checks to judge.
+    node = actions[(5, "start")]
+    assert node["did"].startswith("cut ") and "off the overlay networks" in node["did"], node
+    assert "learner-2" in node["units"] and node["did"].endswith(f"(it ran {', '.join(node['units'])})"), node
+    assert actions[(5, "stop")]["did"].startswith("joined "), actions[(5, "stop")]
 
     events = read_events(out)
     joins = {(e["learner"], e["incarnation"]) for e in events if e["kind"] == "join"}
