@@ -13,7 +13,8 @@ node 1's engine (DOCKER_HOST), deploys the stack, and on one schedule clock:
 - powers node 3 off, a `node` fault of the schedule (its container SIGKILLed: engine, tasks
   and address gone at once; $ISLANDS_NODE_POWER runs swarm_nodes.py power): Swarm runs its
   learners on surviving nodes, and the table says when each rejoined and contributed a
-  merged update; at the fault's end the node is powered on again.
+  merged update; at the fault's end the node is powered on again, and its learners are
+  moved back onto it (`rebalance`: Swarm's scheduler spreads them once it is back).
 
 Each node has a clock of its own (--node-clocks: seconds apart, drifting), as separate
 machines would: the run probes every node's clock and places each event on the
@@ -54,7 +55,9 @@ STACK = "islands-multinode"
 KILL_AT, PARTITION_AT, NODE_FAIL_AT = 5.0, 12.0, 25.0
 NODE_DOWN = 25.0         # the node's power stays off this long: Swarm reschedules its learners meanwhile
 AFTER_FAIL = 75.0        # schedule seconds after the power-off: reschedule, rejoin, recover, settle
-NODE_CLOCKS = "+5@200,-6@-300,+7@100"  # seconds apart both ways and drifting, as separate machines are
+# Seconds apart both ways and drifting, as separate machines are: the syncer's node behind,
+# the learners' ahead, so a timeline that trusted every clock would misplace their events.
+NODE_CLOCKS = "-6@-300,+5@200,+7@100"
 
 
 def nodes_cli(*args: str, timeout: float = 900) -> dict:
@@ -77,7 +80,9 @@ def bring_up(args: argparse.Namespace) -> tuple[dict, dict]:
         nodes_cli("image")
         figures["node_image_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        summary = nodes_cli("up", "--nodes", str(args.nodes), "--share", str(REPO), f"--clocks={args.node_clocks}")
+        # No directory of this machine in the nodes: each writes its events into its own
+        # volume, and the swarm backend copies them out (chaos/backends/collect.py).
+        summary = nodes_cli("up", "--nodes", str(args.nodes), "--no-share", f"--clocks={args.node_clocks}")
         figures["nodes_up_s"] = round(time.monotonic() - t, 1)
         figures.update(summary.get("figures", {}))
     return json.loads(NODES_JSON.read_text()), figures
@@ -134,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                       ISLANDS_NODE_POWER=f"env -u DOCKER_HOST {sys.executable} {NODES_SCRIPT} power {{node}} {{action}}")
     from chaos.backends.swarm import SwarmCluster  # after DOCKER_HOST: its client is the manager's
 
-    run_dir = REPO / "runs" / f"swarm-multinode-{datetime.now():%Y%m%d-%H%M%S}"  # shared with every node
+    run_dir = REPO / "runs" / f"swarm-multinode-{datetime.now():%Y%m%d-%H%M%S}"  # on this machine alone
     spec = RunSpec(backend="swarm", learners=args.learners, trainer_args=FAST_TRAINER_ARGS)
     cluster = SwarmCluster(run_dir, spec=spec)
     cluster.preflight()
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule = Schedule(name="swarm-multinode", seed=16, learners=args.learners, faults=(
             Kill(at=KILL_AT, duration=4, target=on[kill_node["name"]][0]),
             Partition(at=PARTITION_AT, duration=5, targets=(on[fail_node["name"]][0],)),
-            Node(at=NODE_FAIL_AT, duration=NODE_DOWN, target=fail_node["hostname"], mode="kill")))
+            Node(at=NODE_FAIL_AT, duration=NODE_DOWN, target=fail_node["hostname"], mode="kill", rebalance=True)))
         schedule.dump(run_dir / "schedule.yaml")
         report["faults"] = [f.to_dict() | {"node": n["name"]}
                             for f, n in zip(schedule.faults, (kill_node, fail_node, fail_node))]

@@ -346,7 +346,7 @@ def cmd_up(args: argparse.Namespace) -> dict[str, Any]:
         raise Fail(f"nodes already exist ({', '.join(node_names())}): run `down` first")
     if not exists("image", NODE_IMAGE):
         raise Fail(f"{NODE_IMAGE} is missing: run `image` first")
-    shares = [Path(s).resolve() for s in (args.share or [str(REPO)])]
+    shares = [] if args.no_share else [Path(s).resolve() for s in (args.share or [str(REPO)])]
     for s in shares:
         if not s.is_dir():
             raise Fail(f"--share {s} is not a directory")
@@ -664,6 +664,9 @@ def main(argv: list[str] | None = None) -> int:
                         "for learners)")
     s.add_argument("--share", action="append", help="dir bind-mounted at the same path in every node "
                    "(repeatable; default the repo root)")
+    s.add_argument("--no-share", action="store_true",
+                   help="bind-mount no directory of this machine into the nodes (separate hosts share no disk; "
+                        "the swarm backend copies each node's events out through its engine)")
     s.add_argument("--image", action="append", help="image to load into every node (repeatable; "
                    "default islands:latest)")
     s.add_argument("--subnet", default=DEFAULT_SUBNET, help="islands-node-net subnet (static node IPs)")

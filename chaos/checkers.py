@@ -91,6 +91,9 @@ class RunView:
     # How the events were put on the controller's timeline (chaos/timeline.py): one clock
     # unless hosts' clocks disagree. Every fault window is widened by its error bound.
     placement: Placement = ONE_CLOCK
+    # Nodes whose event files could not be copied at the run's end (backends/collect.py):
+    # node -> what the collector recorded. What they held after their last copy is unseen.
+    incomplete: dict = field(default_factory=dict)
 
     @property
     def clock_error(self) -> float:
@@ -977,9 +980,26 @@ CHECKERS: dict[str, Callable[..., Verdict]] = {
 }
 
 
+# Checks that read only the controller's own records (or only how the evidence was placed):
+# a node's missing events cannot change them.
+HISTORY_ONLY = ("timeline", "faults_applied")
+
+
 def run_checkers(view: RunView, options: dict[str, dict] | None = None) -> list[Verdict]:
     options = options or {}
-    return [fn(view, **options.get(name, {})) for name, fn in CHECKERS.items()]
+    verdicts = [fn(view, **options.get(name, {})) for name, fn in CHECKERS.items()]
+    return [incomplete_evidence(v, view.incomplete) for v in verdicts] if view.incomplete else verdicts
+
+
+def incomplete_evidence(verdict: Verdict, incomplete: dict) -> Verdict:
+    """A pass that rests on events some node never handed over is unknown, naming the node
+    (a failure stands: the events that were seen already show it)."""
+    if verdict.status != PASS or verdict.name in HISTORY_ONLY:
+        return verdict
+    nodes = ", ".join(f"{node} ({record.get('error') or 'no copy at the end'})" for node, record in incomplete.items())
+    return Verdict(verdict.name, UNKNOWN, f"{verdict.detail}; but the events of node(s) {nodes} after their last "
+                                          f"copy are missing, and they may say otherwise",
+                   {**verdict.evidence, "incomplete_nodes": incomplete})
 
 
 def required_checks(verdicts: list[Verdict]) -> list[str]:

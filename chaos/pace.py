@@ -48,9 +48,11 @@ MIN_INTERVALS = 3
 # what two shared cores took for Python + torch + the handshake on the slowest start seen.
 FALLBACK_STARTUP = 20.0
 # Faults after which the target is a fresh process that has to start cold.
-RESTARTING = {*OUTAGE_KINDS, "exit"}  # exit: a process that exited on its own, restarted by the supervisor
+# exit: a process that exited on its own, restarted by the supervisor; node: its units were
+# started again elsewhere (a node killed), or after a rebalance
+RESTARTING = {*OUTAGE_KINDS, "exit", "node"}
 # Faults during which a request can hang until its deadline (a killed peer closes at once).
-HANGING = {"partition", "pause"}
+HANGING = {"partition", "pause", "node"}  # a node cut off hangs the requests in flight
 
 
 @dataclass(frozen=True)

@@ -568,6 +568,7 @@ class ChaosSession:
 
         from .checkers import RunView, run_checkers, verdict_document
         from .controller import read_history
+        from .backends.collect import incomplete_nodes
         from .timeline import run_events
 
         history = read_history(self.history_path)
@@ -578,8 +579,8 @@ class ChaosSession:
                 history = starts[-1:] + history[begins[-1]:]
         # A live syncer's state dir is read pending-first (chaos/durable.py): no push is caught in neither.
         events, placement = run_events(self.run_dir)
-        verdicts = run_checkers(RunView(events, history, state_dir=self.run_dir / "state", placement=placement),
-                                checker_options)
+        verdicts = run_checkers(RunView(events, history, state_dir=self.run_dir / "state", placement=placement,
+                                        incomplete=incomplete_nodes(self.run_dir)), checker_options)
         document = verdict_document(verdicts)
         (self.run_dir / "verdict.json").write_text(json.dumps(document, indent=2))
         return verdicts

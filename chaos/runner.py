@@ -21,6 +21,7 @@ from trainer.runspec import RunSpec
 
 from .backends.base import Cluster
 from .checkers import RunView, Verdict, final_tokens, run_checkers, verdict_document
+from .backends.collect import incomplete_nodes
 from .clock_probe import Prober
 from .controller import HISTORY_FILE, Controller, History, read_history
 from .nemesis import NEMESES
@@ -156,7 +157,7 @@ def evaluate_run(run_dir: Path, learners: int, checker_options: dict | None = No
     clock would conclude)."""
     events, placement = run_events(run_dir, align)
     result = judge_events(events, read_history(run_dir / HISTORY_FILE), learners, run_dir,
-                          checker_options, data, evaluate, reference, placement)
+                          checker_options, data, evaluate, reference, placement, incomplete_nodes(run_dir))
     (run_dir / verdict_file).write_text(json.dumps(result.document, indent=2))
     return result
 
@@ -170,13 +171,14 @@ def check_events(view: RunView, checker_options: dict | None = None,
 
 def judge_events(events: list[dict], history: list[dict], learners: int, run_dir: Path | None,
                  checker_options: dict | None = None, data: str = "markov", evaluate: bool = True,
-                 reference: ReferenceCurve | None = None, placement: Placement = ONE_CLOCK) -> RunResult:
+                 reference: ReferenceCurve | None = None, placement: Placement = ONE_CLOCK,
+                 incomplete: dict | None = None) -> RunResult:
     """The checks' verdicts on a run's events and history, read once (the simulator's
     search hands them from memory, with no `run_dir`: no state dir to read)."""
     # Writes the `eval` event the final_loss check reads; without it that check says unknown.
     evaluation = final_loss(run_dir, data, events) if evaluate else {}
     view = RunView(events, history, state_dir=run_dir / "state" if run_dir is not None else None,
-                   placement=placement)
+                   placement=placement, incomplete=incomplete or {})
     verdicts = check_events(view, checker_options, reference)
     document = verdict_document(verdicts)
     summary = summarize(view.events, learners)

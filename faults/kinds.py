@@ -766,7 +766,11 @@ class Node(BaseFault):
 
     ``target`` is a node's name (its hostname), or ``node-of:UNIT`` (syncer or learner-N) for
     whichever node runs that unit when the fault starts, so one schedule fits any placement.
-    Backends that run every process on one machine refuse the kind by name.
+    ``rebalance`` (kill only): once the node is back, the units Swarm moved away from it are
+    started again (a clean stop: they push what they have) where Swarm's scheduler now
+    spreads them, the returned node among the candidates; without it they stay where Swarm
+    moved them, as Swarm leaves them. Backends that run every process on one machine refuse
+    the kind by name.
     """
 
     kind: ClassVar[str] = "node"
@@ -774,6 +778,14 @@ class Node(BaseFault):
     duration: float = _field(DURATION)
     target: str = _field(NODE_TARGET)
     mode: str = _field(NODE_MODE)
+    rebalance: bool = _field(FLAG, False)
+
+    @classmethod
+    def _cross_problems(cls, values: Mapping[str, object]) -> list[tuple[str, str]]:
+        if values.get("rebalance") and values["mode"] != "kill":
+            return [("rebalance", "only a node that was killed had its units moved away; leave it out for "
+                                  f"mode {values['mode']!r}")]
+        return []
 
 
 Fault = Union[

@@ -187,6 +187,10 @@ class Cluster(ABC):
     def node_on(self, node: str) -> str:
         raise UnsupportedFault(self.node_fault_problems(None)[0][1])
 
+    def rebalance(self, units: list[str]) -> str:
+        """Start `units` again wherever the scheduler now places them (a node came back)."""
+        raise UnsupportedFault(self.node_fault_problems(None)[0][1])
+
     def node_cut(self, node: str, units: list[str]) -> str:
         raise UnsupportedFault(self.node_fault_problems(None)[0][1])
 
@@ -224,6 +228,10 @@ class Cluster(ABC):
     @property
     def clock_anchors(self) -> dict[str, float]:
         return self.__dict__.setdefault("_clock_anchors", {})
+
+    def clock_file_written(self, target: str, path: Path) -> None:
+        """`target`'s clock file was just written at `path` in the run dir; a backend whose
+        processes do not read the run dir (swarm: each node has its own) copies it to them."""
 
     def heal_clocks(self) -> list[str]:
         """Every wall clock true again (a cluster with no run directory has no clock files)."""

@@ -19,6 +19,11 @@ networks, the secret) and this module adds what Swarm alone needs:
 - no health checks on the syncer and learners: a paused container fails its probe, and
   Swarm replaces an unhealthy task, which would turn a pause into a kill;
 - one service per learner, as many as the run asks for;
+- no directory shared between nodes: a task writes its events into its node's own volume
+  `run` (mounted where compose bind-mounts the run dir), which the controller copies out
+  through each node's engine (collect.py); a data file goes to every node as a Swarm
+  config, and the task folder is mounted only for a task of the user's (the image holds
+  the built-in ones);
 - each node's clock: a task names its node ($ISLANDS_HOST, Swarm's {{.Node.Hostname}}) and
   reads the node's clock file (HOST_CLOCK_DIR on the node, bind-mounted read-only; none
   there: the kernel's clock), and a global `clock` service answers the controller's clock
@@ -30,6 +35,7 @@ networks, the secret) and this module adds what Swarm alone needs:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +56,11 @@ HOST_CLOCK_TARGET = "/islands/host-clock"
 CLOCK_SERVICE = "clock"
 CLOCK_PORT = 7071  # UDP, published on each node (mode host) for the controller's probes
 NODE_NAME = "{{.Node.Hostname}}"
+RUN_VOLUME = "run"            # each node's own: where its tasks write their events
+RUN_TARGET = "/islands/run"
+TASK_TARGET = "/islands/task"
+DATA_CONFIG = "islands_data"
+DATA_TARGET = "/islands/data"
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,35 @@ def _swarm_service(svc: dict, deploy: dict, health: bool) -> dict:
     return out
 
 
+def _target_of(volume: object) -> str | None:
+    """The container path of a short-syntax volume ("SOURCE:TARGET[:MODE]"; a ${VAR:-default}
+    source holds a colon of its own)."""
+    if not isinstance(volume, str):
+        return None
+    parts = re.sub(r"\$\{[^}]*\}", "VAR", volume).split(":")
+    return parts[1] if len(parts) >= 2 else None
+
+
+def _own_volumes(svc: dict, task_mount: bool, data_file: Path | None) -> dict:
+    """`svc` writing into its node's run volume instead of a run dir bind-mounted from the
+    controller's machine; the task folder only when the task is the user's; the data file
+    as a config."""
+    out = dict(svc)
+    volumes = []
+    for volume in svc.get("volumes", []):
+        target = _target_of(volume)
+        if target == RUN_TARGET:
+            volumes.append(f"{RUN_VOLUME}:{RUN_TARGET}")
+        elif target == TASK_TARGET and not task_mount:
+            continue
+        else:
+            volumes.append(volume)
+    out["volumes"] = volumes
+    if data_file is not None:
+        out["configs"] = [*svc.get("configs", []), {"source": DATA_CONFIG, "target": f"{DATA_TARGET}/{data_file.name}"}]
+    return out
+
+
 def _on_node_clock(svc: dict) -> dict:
     """`svc` naming its node and reading the node's clock (see the module's docstring)."""
     from trainer.clock import HOST_CLOCK_ENV, HOST_ENV
@@ -99,7 +139,9 @@ def _clock_service(image: str) -> dict:
     """The clock probes' responder, one task per node, reading the node's clock."""
     svc = _on_node_clock({
         "image": image, "init": True,
-        "command": ["chaos.clock_probe", "serve", "--bind", "0.0.0.0", "--port", str(CLOCK_PORT)]})
+        "command": ["chaos.clock_probe", "serve", "--bind", "0.0.0.0", "--port", str(CLOCK_PORT)],
+        # The controller reads the node's evidence through this task (collect.py).
+        "volumes": [f"{RUN_VOLUME}:{RUN_TARGET}:ro"]})
     svc["ports"] = [{"target": CLOCK_PORT, "published": CLOCK_PORT, "protocol": "udp", "mode": "host"}]
     svc["deploy"] = {"mode": "global", "restart_policy": {"condition": "any", "delay": RESTART_DELAY}}
     return svc
@@ -126,8 +168,10 @@ def _proxy_service(svc: dict, deploy: dict, compose_dir: Path) -> tuple[dict, di
 
 
 def render_stack(compose_files: list[Path], learners: int, learner_args: dict[int, tuple[str, ...]] | None = None,
-                 placement: Placement = Placement()) -> dict:
-    """The stack file for `learners` learners, from compose.yaml (and its override files)."""
+                 placement: Placement = Placement(), task_mount: bool = True, data_file: Path | None = None) -> dict:
+    """The stack file for `learners` learners, from compose.yaml (and its override files).
+    `task_mount`: mount the task folder (a task of the user's); `data_file`: a data file
+    on this machine, handed to every node as a config."""
     services = load_services(*compose_files)
     defined = defined_learners(services)
     if not defined:
@@ -137,15 +181,18 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
             raise ValueError(f"{compose_files[0]} defines no {role!r} service")
     compose_dir = Path(compose_files[0]).resolve().parent
     proxy, configs = _proxy_service(services["toxiproxy"], _deploy(placement.syncer), compose_dir)
+    def own(svc: dict) -> dict:
+        return _on_node_clock(_own_volumes(svc, task_mount, data_file))
+
     out: dict[str, dict] = {
-        "syncer": _swarm_service(_on_node_clock(services["syncer"]), _deploy(placement.syncer), health=False),
+        "syncer": _swarm_service(own(services["syncer"]), _deploy(placement.syncer), health=False),
         "toxiproxy": proxy,
         CLOCK_SERVICE: _clock_service(services["syncer"]["image"]),
     }
     template = defined[min(defined)]
     for i in range(1, learners + 1):
         base = defined.get(i) or template
-        svc = _on_node_clock(learner_service(base, i, (learner_args or {}).get(i, ())))  # its own key, as a secret
+        svc = own(learner_service(base, i, (learner_args or {}).get(i, ())))  # its own key, as a secret
         out[f"learner-{i}"] = _swarm_service(svc, _deploy(placement.learners, placement.preferences), health=False)
 
     document = yaml_document(compose_files[0])
@@ -155,13 +202,14 @@ def render_stack(compose_files: list[Path], learners: int, learner_args: dict[in
         if not spec.get("internal"):
             spec["attachable"] = True  # the control network: the API gateway joins it
     stack["networks"] = networks
-    if document.get("volumes"):
-        stack["volumes"] = document["volumes"]
+    stack["volumes"] = {**(document.get("volumes") or {}), RUN_VOLUME: {}}
     # The run secret (the syncer's) and the key of each learner this stack runs, no other.
     secrets = {name: spec for name, spec in (document.get("secrets") or {}).items()
                if not name.startswith("islands_key_")}
     secrets.update(key_secrets(range(1, learners + 1)))
     stack["secrets"] = secrets
+    if data_file is not None:
+        configs[DATA_CONFIG] = {"file": str(Path(data_file).resolve())}
     if configs:
         stack["configs"] = configs
     return stack

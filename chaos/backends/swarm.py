@@ -29,13 +29,16 @@ import time
 from pathlib import Path
 
 from trainer.runspec import RunSpec
+from trainer.task import BUILTIN_TASKS
 
 from ..client import ToxiproxyClient
 from .base import UnknownTarget, UnsupportedFault
 from .compose import DOCKER_TIMEOUT, START_TIMEOUT, STOP_TIMEOUT, ComposeCluster, _image_present, engine_retry
 from .compose_cli import ComposeError, run_engine_cli
 from .ranks import split_rank
-from .stack import CLOCK_PORT, HOST_CLOCK_DIR, LEARNERS_LABEL, SYNCER_LABEL, Placement, dump_stack, render_stack
+from .collect import COLLECTED_DIRS, VOLUME_TARGET, Collector
+from .stack import (CLOCK_PORT, CLOCK_SERVICE, DATA_TARGET, HOST_CLOCK_DIR, LEARNERS_LABEL, SYNCER_LABEL, Placement,
+                    dump_stack, render_stack)
 
 STACK_ENV = "ISLANDS_SWARM_STACK"
 # A command that powers a node off or on: {node} (its hostname) and {action} (off, on) are
@@ -43,6 +46,7 @@ STACK_ENV = "ISLANDS_SWARM_STACK"
 # script makes, an IPMI or cloud CLI call for real hosts. Without it a node cannot be killed.
 NODE_POWER_ENV = "ISLANDS_NODE_POWER"
 NODE_POWER_TIMEOUT = 120.0
+DATA_CONFIG_MAX = 500_000  # bytes: Docker's limit on a config
 DEFAULT_STACK = "islands-chaos"
 API_ADDRESS_ENV = "ISLANDS_SWARM_API_ADDRESS"  # where the API relay publishes (127.0.0.1)
 ENGINE_LABEL = "islands.engine"
@@ -93,6 +97,8 @@ class SwarmCluster(ComposeCluster):
         self._node_id: str | None = None
         self._clock_hosts: tuple[float, dict[str, tuple[str, int]]] = (-1e9, {})
         self._node_cut: dict[str, list[str]] = {}  # node -> what a node partition cut off
+        self._collector: Collector | None = None
+        self._data_file: Path | None = None
 
     # ----------------------------------------------------------- engines
     def _local_node(self) -> str:
@@ -227,7 +233,20 @@ class SwarmCluster(ComposeCluster):
         return target
 
     def units_on(self, node: str) -> list[str]:
-        return sorted(u for u, host in self.placement_of().items() if host == node and u in self.units())
+        """Two calls to the manager (the node's running tasks, the stack's services): a node
+        fault is due now, and the per-unit placement walks every task's container."""
+        return [u for u in self._stack_services_on(node) if u in self.units()]
+
+    def _stack_services_on(self, node: str) -> list[str]:
+        """The stack's services with a task meant to run on `node` (by its hostname)."""
+        node_obj = self._nodes_by_name().get(node)
+        if node_obj is None:
+            return []
+        names = {svc.id: svc.name for svc in self.docker.services.list(
+            filters={"label": f"{NAMESPACE_LABEL}={self.stack}"})}
+        prefix = f"{self.stack}_"
+        running = self.docker.api.tasks(filters={"node": node_obj.id, "desired-state": "running"})
+        return sorted({names[t["ServiceID"]][len(prefix):] for t in running if t.get("ServiceID") in names})
 
     def _power(self, node: str, action: str) -> None:
         import shlex
@@ -263,11 +282,26 @@ class SwarmCluster(ComposeCluster):
         self._clock_hosts = (-1e9, {})
         return f"powered on {node}, ready again {time.monotonic() - started:.1f} s later"
 
+    def rebalance(self, units: list[str]) -> str:
+        """Force an update of each unit's service: Swarm stops its task (SIGTERM: a learner
+        pushes what it has) and schedules a new one, spreading it over the nodes (the one that
+        came back is empty); waits until each runs, and says where."""
+        for unit in units:
+            if (service := self._service(unit)) is not None:
+                engine_retry(service.force_update)()
+        placed = []
+        for unit in units:
+            self._wait_running([unit], RESTART_TIMEOUT)
+            task = self._running_task(unit)
+            placed.append(f"{unit} on {self.docker.nodes.get(task['NodeID']).attrs['Description']['Hostname']}"
+                          if task is not None else f"{unit} not running")
+        return "rebalanced: " + ", ".join(placed)
+
     def node_cut(self, node: str, units: list[str]) -> str:
         """Take down the overlay links of every stack task on `node` (its units and the proxy,
         if there): the node is cut off, its tasks keep running (chaos/netcut.py says why links
         and not a network disconnect)."""
-        cut = [u for u in [*units, "toxiproxy"] if u in units or self.placement_of().get(u) == node]
+        cut = [u for u in self._stack_services_on(node) if u in units or u == "toxiproxy"]
         self._node_cut[node] = cut
         self._switch_links(cut, up=False)
         return f"cut {node} off the overlay networks"
@@ -308,6 +342,75 @@ class SwarmCluster(ComposeCluster):
             errors = [e for e in pool.map(one, names) if e]
         if errors:
             raise SwarmError(f"could not take links {'up' if up else 'down'}: {'; '.join(errors)}")
+
+    def _container_data(self) -> str:
+        """A data file on this machine goes to every node as a Swarm config (no directory is
+        shared between nodes); a config holds at most DATA_CONFIG_MAX bytes."""
+        path = Path(self.data)
+        if not path.exists():
+            return self.data  # e.g. "markov"
+        if path.is_dir() or path.stat().st_size > DATA_CONFIG_MAX:
+            raise ValueError(f"data: the swarm backend hands a data file to every node as a Swarm config, of at most "
+                             f"{DATA_CONFIG_MAX // 1000} KB; {path} is {'a directory' if path.is_dir() else 'larger'}: "
+                             f"put it in the image, or use the compose backend")
+        self._data_file = path
+        return f"{DATA_TARGET}/{path.name}"
+
+    def clock_file_written(self, target: str, path: Path) -> None:
+        """Into the unit's container, where its process reads it ($ISLANDS_CLOCK_DIR is in its
+        node's run volume). A task Swarm starts later, on another node, has a true clock."""
+        import io
+        import tarfile
+        container = self._container(target)
+        if container is None:
+            return
+        data = path.read_bytes()
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            info = tarfile.TarInfo(f"clocks/{path.name}")
+            info.size, info.mtime = len(data), int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        engine_retry(container.put_archive)(VOLUME_TARGET, buffer.getvalue())
+
+    def heal_clocks(self) -> list[str]:
+        """Every wall clock true again: a zero offset handed to each unit's container (the
+        files in the run dir are only the controller's copies)."""
+        from ..nemesis.clock import write_clock
+        units = [p.stem for p in sorted(self.clock_dir.glob("*.json"))] if self.clock_dir.is_dir() else []
+        for unit in units:
+            try:
+                write_clock(self, unit, 0.0)
+            except Exception:  # noqa: BLE001 - a unit down now starts with a true clock anyway
+                pass
+        return super().heal_clocks()
+
+    # ----------------------------------------------------------- evidence
+    def _evidence_sources(self) -> dict[str, object]:
+        """Per ready node, a fetch of its run volume's events/ and units/ (collect.py)."""
+        from functools import partial
+        return {node.attrs["Description"]["Hostname"]: partial(self._node_archives, node.id)
+                for node in self.docker.nodes.list() if node.attrs["Status"].get("State") == "ready"}
+
+    def _node_archives(self, node_id: str) -> list[bytes]:
+        """The node's events/ and units/, as tar archives, through a container of that node
+        that mounts its run volume: the node's `clock` task."""
+        import docker.errors
+        container = None
+        for task in self._tasks(CLOCK_SERVICE):
+            if task.get("NodeID") == node_id and task.get("Status", {}).get("State") == "running":
+                container = self._task_container(task)
+                if container is not None:
+                    break
+        if container is None:
+            raise SwarmError("no running clock task on the node to read its run volume through")
+        archives = []
+        for directory in COLLECTED_DIRS:
+            try:
+                stream, _ = container.get_archive(f"{VOLUME_TARGET}/{directory}")
+            except docker.errors.NotFound:
+                continue  # nothing written there yet
+            archives.append(b"".join(stream))
+        return archives
 
     # ----------------------------------------------------------- node clocks
     NODE_LIST_EVERY = 5.0  # the prober asks each round; the nodes are listed at most this often
@@ -383,10 +486,13 @@ class SwarmCluster(ComposeCluster):
         files = self._service_files()
         env = self._compose_env()
         stack_file = self.run_dir / "stack.yaml"
-        stack_file.write_text(dump_stack(render_stack(files, self.learners, self.spec.learner_args, self.placement())))
+        task_mount = self.spec.task not in BUILTIN_TASKS and ".py:" in self.spec.task
+        stack_file.write_text(dump_stack(render_stack(files, self.learners, self.spec.learner_args, self.placement(),
+                                                      task_mount=task_mount, data_file=self._data_file)))
         self._deployed = True
         self._cli("stack", "deploy", "--resolve-image", "never", "--prune", "-c", str(stack_file), self.stack,
                   env=env, timeout=START_TIMEOUT)
+        self._collector = Collector(self.run_dir, self._evidence_sources).start()
         self._start_gateway()
         self._wait_for_toxiproxy()
         for i in range(1, self.learners + 1):
@@ -447,6 +553,8 @@ class SwarmCluster(ComposeCluster):
             self._heal_before_stopping()
             self._scale_down([f"learner-{i}" for i in range(1, self.learners + 1)])
             self._scale_down(["syncer", "toxiproxy"])
+            if self._collector is not None:  # every process has stopped and flushed: the final copy
+                self._collector.stop()
             self._save_logs()
             self._export_state()
         finally:

@@ -33,6 +33,7 @@ def write_clock(cluster: Cluster, target: str, offset: float, rate: float = 1.0,
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps({"offset": offset, "rate": rate, "anchor": anchor}))
     os.replace(tmp, path)
+    cluster.clock_file_written(target, path)  # a backend whose processes do not see the run dir hands it on
 
 
 def _signed(seconds: float) -> str:

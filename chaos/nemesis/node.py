@@ -41,7 +41,8 @@ class NodeNemesis(Nemesis):
         with self._lock:
             node, units = self._hit.get((id(cluster), fault), (cluster.resolve_node(fault.target), []))
         if fault.mode == "kill":
-            return cluster.node_on(node)
+            did = cluster.node_on(node)
+            return did + ("; " + cluster.rebalance(units) if fault.rebalance and units else "")
         return cluster.node_join(node, units)
 
     def affected(self, cluster: Cluster, fault: Node) -> list[str] | None:

@@ -21,8 +21,8 @@ def schedule(*faults: dict, learners: int = 3) -> Schedule:
     return Schedule.from_dict({"seed": 1, "learners": learners, "faults": list(faults)})
 
 
-def node(at: float = 5, duration: float = 10, target: str = "node-of:learner-2", mode: str = "kill") -> dict:
-    return {"kind": "node", "at": at, "duration": duration, "target": target, "mode": mode}
+def node(at: float = 5, duration: float = 10, target: str = "node-of:learner-2", mode: str = "kill", **more) -> dict:
+    return {"kind": "node", "at": at, "duration": duration, "target": target, "mode": mode, **more}
 
 
 # ----------------------------------------------------------------------------- vocabulary
@@ -39,6 +39,7 @@ def test_a_node_is_named_by_hostname_or_by_the_unit_it_runs():
     ({"target": "two words"}, "faults[0].target: invalid node 'two words'"),
     ({"mode": "melt"}, "faults[0].mode: unknown mode 'melt' (expected kill or partition)"),
     ({"duration": 0}, "faults[0].duration: must be > 0"),
+    ({"mode": "partition", "rebalance": True}, "faults[0].rebalance: only a node that was killed had its units moved"),
 ])
 def test_a_bad_node_fault_is_refused_naming_the_field(changes, message):
     with pytest.raises(ScheduleError) as info:
@@ -86,6 +87,10 @@ class FakeNodes:
         self.calls.append(("on", node))
         return f"powered on {node}"
 
+    def rebalance(self, units: list[str]) -> str:
+        self.calls.append(("rebalance", tuple(units)))
+        return "rebalanced: " + ", ".join(f"{u} on islands-node-3" for u in units)
+
     def node_cut(self, node: str, units: list[str]) -> str:
         self.calls.append(("cut", node, tuple(units)))
         return f"cut {node} off the overlay networks"
@@ -107,6 +112,15 @@ def test_the_nemesis_fails_the_node_its_target_names_and_says_what_it_ran():
     assert cluster.calls == [("off", "islands-node-3"), ("on", "islands-node-3"),
                              ("cut", "islands-node-1", ()), ("join", "islands-node-1", ())]
     assert nemesis.impairs_learner
+
+
+def test_a_rebalance_starts_the_moved_units_again_once_the_node_is_back():
+    nemesis, cluster = NEMESES["node"], FakeNodes()
+    kill = Node(5.0, 10.0, "node-of:learner-2", "kill", rebalance=True)
+    nemesis.start(cluster, kill)
+    assert nemesis.stop(cluster, kill) == ("powered on islands-node-3; rebalanced: learner-2 on islands-node-3, "
+                                           "learner-3 on islands-node-3")
+    assert cluster.calls[-2:] == [("on", "islands-node-3"), ("rebalance", ("learner-2", "learner-3"))]
 
 
 # ----------------------------------------------------------------------------- what the checks read

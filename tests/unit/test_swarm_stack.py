@@ -207,3 +207,21 @@ def test_every_node_answers_clock_probes_and_every_task_reads_its_nodes_clock() 
         assert {k: svc["environment"][k] for k in NODE_CLOCK_ENV} == NODE_CLOCK_ENV, name
         assert {"type": "bind", "source": "/var/lib/islands/host-clock", "target": "/islands/host-clock",
                 "read_only": True} in svc["volumes"], name
+
+
+def test_no_directory_of_this_machine_is_shared_with_the_nodes(tmp_path: Path) -> None:
+    """Each node's tasks write into the node's own `run` volume (copied out through its
+    engine); the built-in task needs no folder of this machine; a data file is a config."""
+    stack = render_stack(FILES, learners=2, task_mount=False)
+    for name in ("syncer", "learner-1", "learner-2"):
+        volumes = stack["services"][name]["volumes"]
+        assert "run:/islands/run" in volumes, name
+        assert not any(isinstance(v, str) and ("ISLANDS_RUN_DIR" in v or "/islands/task" in v) for v in volumes), name
+    assert "run:/islands/run:ro" in stack["services"]["clock"]["volumes"]  # the evidence is read through it
+    assert stack["volumes"]["run"] == {}
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("hello")
+    with_data = render_stack(FILES, learners=1, data_file=corpus)
+    assert with_data["configs"]["islands_data"] == {"file": str(corpus)}
+    assert {"source": "islands_data", "target": "/islands/data/corpus.txt"} in with_data["services"]["learner-1"]["configs"]
+    assert any("/islands/task" in str(v) for v in render_stack(FILES, learners=1)["services"]["syncer"]["volumes"])
