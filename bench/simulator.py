@@ -15,8 +15,9 @@ lines it executed.
     python bench/simulator.py --schedules 1000000 --ledger bench/out/simulator-long.jsonl
 
 A long run goes in chunks of --chunk schedules; with --ledger each finished chunk is
-appended there and is not run again, so a million schedules can span sessions (the
-ledger names each chunk's commit and rate) and an interrupted run loses one chunk.
+appended there and is not run again by the same code, so a million schedules can span
+sessions (the ledger names each chunk's commit and rate) and an interrupted run loses one
+chunk. Chunks of another commit stay in the ledger as history and do not count.
 
 BENCHMARKS.md ("Simulator") has the table.
 """
@@ -63,13 +64,19 @@ def space_key(space: Space) -> dict:
 
 
 def commit() -> str:
-    """The checkout's commit, so a ledger that grew over several sessions says what ran."""
+    """The checkout's commit (with -dirty when tracked files differ from it), so a ledger
+    that grew over several sessions says what ran."""
     try:
-        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "trainer", "chaos", "faults"],
+                               capture_output=True, timeout=10).returncode != 0
+        return (head + ("-dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
+
+
+CODE = commit()  # the code this process runs: read once, at its start, not when a chunk ends
 
 
 def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dict:
@@ -85,15 +92,16 @@ def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dic
     per = sorted(r["seconds"] for r in rows)
     failed = [{"index": r["index"], "checks": r["failed"]} for r in rows if r["failed"]]
     return {"seed": seed, "start": start, "count": count, "space": space_key(space), "jobs": jobs,
-            "commit": commit(), "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": CODE, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_seconds": round(wall, 3), "simulated_seconds": round(sum(r["simulated"] for r in rows), 1),
             "faults": sum(r["faults"] for r in rows), "median_s": per[len(per) // 2],
             "p99_s": per[int(len(per) * 0.99)], "max_s": per[-1], "violations": len(failed), "failed": failed[:20]}
 
 
 def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], dict]:
-    """The chunks already run for this seed and space, by (start, count). A line cut short
-    by an interrupted write is skipped (its chunk runs again)."""
+    """The chunks already run for this seed and space by this code (CODE: a chunk of other
+    code does not count for it), by (start, count). A line cut short by an interrupted write
+    is skipped (its chunk runs again)."""
     done: dict[tuple[int, int], dict] = {}
     if not path.exists():
         return done
@@ -103,7 +111,7 @@ def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], di
             chunk = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if chunk.get("seed") == seed and chunk.get("space") == key:
+        if chunk.get("seed") == seed and chunk.get("space") == key and chunk.get("commit") == CODE:
             done[(chunk["start"], chunk["count"])] = chunk
     return done
 

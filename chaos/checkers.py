@@ -410,9 +410,11 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
     moves its deadline to that fault's own (a syncer killed again 0.2 s after its restart
     leaves nothing to contribute to), and so does another fault still holding the learner
     down when this one heals (a learner killed without a restart is not expected back when
-    a syncer pause ends; its own kill is judged when that ends)."""
+    a syncer pause ends; its own kill is judged when that ends). A latency toxic on the
+    learner's link while it recovers adds MERGE_ROUND_TRIPS of its added round trip."""
     contributions = _contributions(view)
     windows = view.windows()
+    delays = link_delays(view)
     results, failed, unknown = [], [], []
     allowances: dict[str, dict] = {}
 
@@ -437,12 +439,20 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
                 if (later or ongoing) and _hits(other, learner):
                     deadline = max(deadline, other.stop + allowance(other))
                     extended_by.append(other.index)
+            # A latency toxic on the learner's link during its recovery slows each round trip
+            # of it (the reconnect, the push, hearing of the merge) by what it adds: the
+            # simulator's long run found a recovery 1.2 s late behind 3 s of latency each way.
+            slowed = max((d for a, b, d in delays.get(f"learner-{learner}", []) if a <= deadline and b >= w.stop),
+                         default=0.0)
+            deadline += MERGE_ROUND_TRIPS * slowed
             limit = deadline - w.stop
             first = _first_contribution_since(contributions.get(learner, []), w.stop)
             row = {"fault": w.index, "kind": w.kind, "learner": learner, "healed_at": view.rel(w.stop),
                    "within": round(limit, 2)}
             if extended_by:
                 row["extended_by_faults"] = extended_by
+            if slowed:
+                row["slowed_by_latency"] = round(MERGE_ROUND_TRIPS * slowed, 3)
             if first is not None and first <= deadline:
                 row["contributed_after"] = round(first - w.stop, 3)
                 if view.uncertain(first, deadline):

@@ -149,7 +149,13 @@ class MergeRule:
         if not pending:
             return Decision(None)
         if any(p.final for p in pending):
-            return self._decide_final(pending, alive, now)
+            # The final round is the run's end: every live learner sends its last push. A
+            # learner that stops while live learners train on (their regular pushes are
+            # pending: a scale-down, a node's learners moved back) is not that: its last
+            # push merges as an ordinary one. Holding their progress for it stalled every
+            # merge for final_wait (10 s) each time one learner left cleanly mid-run.
+            if not {p.learner for p in pending if not p.final} & set(alive):
+                return self._decide_final(pending, alive, now)
         policy = self.grace_policy
         reporters = {p.learner for p in pending}
         k = self.effective_quorum(len(alive))

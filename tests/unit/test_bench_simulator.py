@@ -14,7 +14,7 @@ def fake_chunk(ran: list[tuple[int, int]]):
     def run_chunk(seed, start, count, space, jobs):
         ran.append((start, count))
         return {"seed": seed, "start": start, "count": count, "space": sim.space_key(space), "jobs": jobs,
-                "commit": "abc1234", "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
+                "commit": sim.CODE, "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
                 "faults": count, "median_s": 0.04, "p99_s": 0.07, "max_s": 0.1,
                 "violations": 1 if start == 20 else 0,
                 "failed": [{"index": start + 3, "checks": ["no_lost_acks"]}] if start == 20 else []}
@@ -36,7 +36,7 @@ def test_a_ledger_resumes_where_the_last_run_stopped(tmp_path, monkeypatch):
     assert len(ledger.read_text().splitlines()) == 5
 
 
-def test_a_chunk_of_another_seed_or_space_or_a_torn_line_is_not_counted(tmp_path, monkeypatch):
+def test_a_chunk_of_another_seed_space_or_commit_or_a_torn_line_is_not_counted(tmp_path, monkeypatch):
     ran: list[tuple[int, int]] = []
     monkeypatch.setattr(sim, "run_chunk", fake_chunk(ran))
     ledger = tmp_path / "long.jsonl"
@@ -49,6 +49,12 @@ def test_a_chunk_of_another_seed_or_space_or_a_torn_line_is_not_counted(tmp_path
     sim.run(1, 10, replace(space, max_faults=2), 2, 10, ledger, say=lambda _: None)
     sim.run(1, 20, space, 2, 10, ledger, say=lambda _: None)
     assert ran == [(0, 10), (0, 10), (10, 10)]
+    # A chunk another commit ran is history: this code runs it again.
+    lines = ledger.read_text().splitlines()
+    ledger.write_text("\n".join(line.replace(sim.CODE, "0ther00") for line in lines) + "\n")
+    ran.clear()
+    sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)
+    assert ran == [(0, 10)]
 
 
 def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
@@ -58,7 +64,7 @@ def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
     assert result["schedules"] == 30 and result["chunks"] == 3
     assert result["schedules_per_second"] == 50.0 and result["speedup"] == 1000.0
     assert result["violations"] == 1 and result["failed"] == [{"index": 23, "checks": ["no_lost_acks"]}]
-    assert result["commits"] == ["abc1234"]
+    assert result["commits"] == [sim.CODE]
     json.dumps(result)
 
 

@@ -1400,3 +1400,24 @@ def test_a_toxic_whose_removal_took_long_was_stopped_late():
     history[stop] = {**history[stop], "took": 20.0}
     verdict = check_faults_applied(view(training(), history))
     assert verdict.status == FAIL and "stopped 20.00 s after its planned end 25 s" in verdict.detail
+
+
+def test_self_heal_allows_a_latency_on_the_recovering_learners_link_its_round_trips_and_no_more():
+    """The simulator's long run (schedule 81717 of seed 1): the syncer lost its power, then
+    learner-1's link got 3 s of latency each way while it reconnected; it contributed 9.9 s
+    after the heal, against 8.7 s allowed for the outage alone. Each of the recovery's round
+    trips is slower by the toxic's 6 s: MERGE_ROUND_TRIPS of them are allowed on top, no more."""
+    outage = kill("learner-1", 20.0, 2.0)
+    slow = {"kind": "latency", "at": 22.5, "duration": 20.0, "target": "learner-1", "latency_ms": 3000}
+    base = check_self_heal(view(training(80.0, absent={1: [(20.0, 24.0)]}), history_for([outage], duration=80.0)))
+    allowed = base.evidence["healings"][0]["within"]
+
+    def judged(back_after: float, faults: list[dict]):
+        events = training(80.0, absent={1: [(20.0, 22.0 + back_after)]})
+        return check_self_heal(view(events, history_for(faults, duration=80.0)))
+
+    late = allowed + 4.0  # past the outage's allowance, well within three 6 s round trips
+    assert judged(late, [outage]).status == FAIL
+    slowed = judged(late, [outage, slow])
+    assert slowed.status == PASS and slowed.evidence["healings"][0]["slowed_by_latency"] == 18.0
+    assert judged(allowed + 18.0 + 3.0, [outage, slow]).status == FAIL

@@ -37,26 +37,42 @@ def test_the_final_round_waits_for_every_live_learner_then_takes_their_mean(rig:
     c1, c2 = rig.client(s), rig.client(s)
     c1.hello(1, "n1")
     c2.hello(2, "n2")
-    d1, d2a, d2b = rig.delta(s, 1), rig.delta(s, 2), rig.delta(s, 3)
+    d1, d2 = rig.delta(s, 1), rig.delta(s, 2)
+    # Learner 1's last push is in, and learner 2 pushes no regular work: the run's end.
+    # Nothing merges until learner 2's last push is in too.
     assert c1.send(_final_push(1, 1, d1)).header["status"] == "accepted"
-    # Learner 2 is still training: its regular push joins its share of the round, no merge.
-    assert c2.send(push_frame(2, 1, 1, d2a)).header["status"] == "accepted"
     with s.cond:
         s.cond.wait_for(lambda: s.frags[0].version > 0, 0.5)
     assert s.frags[0].version == 0, "nothing of the fragment merges before every live learner's last push"
-    assert c2.send(_final_push(2, 2, d2b, tokens=TOKENS // 2)).header["status"] == "accepted"
+    assert c2.send(_final_push(2, 1, d2, tokens=TOKENS + TOKENS // 2)).header["status"] == "accepted"
     wait_until(s, lambda: s.frags[0].version >= 1, "the final round's merge")
-    # Θ ← Θ − Σ w_l·D_l: learner 2's two pushes add up; equal token totals are not needed,
-    # learner 1 has TOKENS and learner 2 1.5·TOKENS.
+    # Θ ← Θ − Σ w_l·D_l, w_l the learner's share of the tokens: equal token totals are not
+    # needed, learner 1 has TOKENS and learner 2 1.5·TOKENS.
     w1, w2 = 1 / 2.5, 1.5 / 2.5
     initial = initial_params()
     for n in d1:
-        torch.testing.assert_close(s.frags[0].params[n], initial[n] - w1 * d1[n] - w2 * (d2a[n] + d2b[n]),
-                                   rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(s.frags[0].params[n], initial[n] - w1 * d1[n] - w2 * d2[n], rtol=1e-5, atol=1e-7)
     s.stop()
     merge = [e for e in rig.events("merge") if e["fragment"] == 0][-1]
     assert merge["final"] is True and merge["reason"] == "final-round" and merge["outer"]["step"] == "final-average"
-    assert sorted(c["learner"] for c in merge["contributors"]) == [1, 2, 2]
+    assert sorted(c["learner"] for c in merge["contributors"]) == [1, 2]
+
+
+def test_a_learner_that_stops_while_another_trains_on_merges_as_an_ordinary_push(rig: Rig) -> None:
+    """Learner 1 stops mid-run (its last push is in) while learner 2 trains on: its last push
+    merges with 2's regular one by quorum, with the regular outer step, at once. The final
+    round held every merge for --final-wait instead (the multi-node swarm run found it)."""
+    s = rig.start(quorum=0, grace=5.0, final_wait=3600.0)
+    c1, c2 = rig.client(s), rig.client(s)
+    c1.hello(1, "n1")
+    c2.hello(2, "n2")
+    assert c1.send(_final_push(1, 1, rig.delta(s, 1))).header["status"] == "accepted"
+    assert c2.send(push_frame(2, 1, 1, rig.delta(s, 2))).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "a merge of the last push with the live learner's", timeout=3)
+    s.stop()
+    merge = [e for e in rig.events("merge") if e["fragment"] == 0][-1]
+    assert merge["reason"] == "quorum" and merge["final"] is False and merge["outer"]["step"] != "final-average"
+    assert sorted(c["learner"] for c in merge["contributors"]) == [1, 2]
 
 
 def test_a_learner_that_never_sends_its_last_push_holds_the_round_only_for_final_wait(rig: Rig) -> None:

@@ -61,12 +61,26 @@ def test_adaptive_grace_waits_for_a_predicted_learner_up_to_the_cap() -> None:
 
 def test_the_final_round_waits_for_every_live_learners_last_push_or_the_timeout() -> None:
     rule = MergeRule(final_wait=10.0)
-    pending = [w(1, 1.0, final=True), w(2, 1.5)]
+    pending = [w(1, 1.0, final=True)]
     d = rule.decide(pending, 0, [1, 2], 2.0)
     assert d.reason is None and d.recheck_at == pytest.approx(11.0)
     assert rule.decide(pending, 0, [1, 2], 11.0).reason == "final-timeout"
     assert rule.decide([*pending, w(2, 2.0, final=True)], 0, [1, 2], 2.0).reason == "final-round"
     assert rule.decide(pending, 0, [1], 2.0).reason == "final-round"  # learner 2 said BYE
+
+
+def test_a_learner_that_stops_while_others_train_on_does_not_hold_their_merges() -> None:
+    """Learner 1 stopped cleanly mid-run (a scale-down, a node's learners moved back): its
+    last push is in, and learners 2 and 3 keep pushing. Its last push merges as an ordinary
+    one, by quorum; the final round (waiting for 2's and 3's last pushes, which are not
+    coming) held every merge for final_wait, found by the multi-node swarm run."""
+    rule = MergeRule(final_wait=10.0)
+    pending = [w(1, 1.0, final=True), w(2, 1.2), w(3, 1.3)]
+    assert rule.decide(pending, 0, [2, 3], 1.3).reason == "quorum"   # learner 1 said BYE
+    # Below quorum (three live learners), the grace window decides, not final_wait.
+    assert rule.decide(pending[:2], 0, [2, 3, 4], 1.3).recheck_at == pytest.approx(1.0 + rule.grace)
+    # A push from a learner that is no longer live says nothing of who trains on.
+    assert rule.decide([w(1, 1.0, final=True), w(4, 1.1)], 0, [2], 2.0).recheck_at == pytest.approx(11.0)
 
 
 def test_staleness_and_round_period() -> None:
