@@ -209,6 +209,27 @@ def coverage(seed: int, count: int, space: Space) -> dict:
     return {"files": per_file, "growth": growth, "lines": total}
 
 
+def report(ledger: Path, seed: int, space: Space) -> int:
+    """The ledger's chunks for this seed and space, summed per commit, oldest first."""
+    key = space_key(space)
+    by_commit: dict[str, list[dict]] = {}
+    for line in ledger.read_text().splitlines() if ledger.exists() else []:
+        try:
+            chunk = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if chunk.get("seed") == seed and chunk.get("space") == key:
+            by_commit.setdefault(chunk["commit"], []).append(chunk)
+    print(f"{'commit':<16} {'schedules':>10} {'wall h':>7} {'sched/s':>8} {'sim s/wall s':>13} {'p99 s':>7} "
+          f"{'violations':>11}  first failing schedules")
+    for code, chunks in by_commit.items():
+        r = summarize(chunks, space)
+        failed = ", ".join(f"{f['index']} ({'/'.join(f['checks'])})" for f in r["failed"][:5]) or "-"
+        print(f"{code:<16} {r['schedules']:>10} {r['wall_seconds'] / 3600:>7.2f} {r['schedules_per_second']:>8.2f} "
+              f"{r['speedup']:>13.1f} {r['per_schedule_p99_s']:>7.3f} {r['violations']:>11}  {failed}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--schedules", type=positive_int, default=2000, help="schedules to run")
@@ -223,8 +244,14 @@ def main(argv: list[str] | None = None) -> int:
                    help="a JSONL file of finished chunks: those already there for this seed and space are "
                         "not run again, each new one is appended as it ends (a million schedules span "
                         "sessions; default: none, every chunk runs)")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: print what the ledger holds, per commit (needs --ledger)")
     args = p.parse_args(argv)
     space = Space()
+    if args.report:
+        if args.ledger is None:
+            p.error("--report: needs --ledger, the file to report on")
+        return report(args.ledger, args.seed, space)
     chunks = run(args.seed, args.schedules, space, args.jobs, args.chunk, args.ledger)
     result = summarize(chunks, space)
     print(f"{'schedules':>10} {'chunks':>6} {'wall s':>9} {'sched/s':>8} {'sim s/wall s':>13} {'median s':>9} "

@@ -74,3 +74,12 @@ def test_a_real_chunk_runs_the_schedules_explore_draws():
     drawn = [sim.draw(1, i, sim.Space()) for i in range(5, 8)]
     assert chunk["faults"] == sum(len(s.faults) for s in drawn)
     assert chunk["simulated_seconds"] == round(sum(s.horizon + sim.Space().tail for s in drawn), 1)
+
+
+def test_the_report_sums_the_ledger_per_commit_and_names_failing_schedules(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sim, "run_chunk", fake_chunk([]))
+    ledger = tmp_path / "long.jsonl"
+    sim.run(1, 30, sim.Space(), 2, 10, ledger, say=lambda _: None)
+    assert sim.main(["--report", "--ledger", str(ledger)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].split()[:2] == [sim.CODE, "30"] and "23 (no_lost_acks)" in out[1]
