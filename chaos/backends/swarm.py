@@ -367,6 +367,9 @@ class SwarmCluster(ComposeCluster):
         data = path.read_bytes()
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
+            folder = tarfile.TarInfo("clocks")
+            folder.type, folder.mode, folder.mtime = tarfile.DIRTYPE, 0o755, int(time.time())
+            tar.addfile(folder)
             info = tarfile.TarInfo(f"clocks/{path.name}")
             info.size, info.mtime = len(data), int(time.time())
             tar.addfile(info, io.BytesIO(data))

@@ -77,8 +77,9 @@ class DiskControl:
                         raise socket.timeout()
                     sock.settimeout(left)
                     chunk = sock.recv(65536)
-                    if not chunk:
-                        raise DiskControlError(f"{where}: the daemon closed the connection without a reply")
+                    if not chunk:  # a daemon stopping (its container restarting) closes what it accepted
+                        raise DaemonNotUp(f"{where}: the daemon closed the connection without a reply"
+                                          f"{self._waited()}")
                     buf += chunk
                     if len(buf) > 16 * MAX_LINE:
                         raise DiskControlError(f"{where}: a reply longer than {16 * MAX_LINE} bytes")
@@ -88,6 +89,11 @@ class DiskControl:
             raise DaemonNotUp(f"{where}: no such socket{self._waited()} (is the daemon running?)") from None
         except ConnectionRefusedError:
             raise DaemonNotUp(f"{where}: connection refused{self._waited()} (the daemon is gone)") from None
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            # Connected to a daemon on its way out (the syncer's container restarting after a
+            # failed sync, compose CI): the next one answers once it is up.
+            raise DaemonNotUp(f"{where}: {exc.strerror or exc}{self._waited()} (the daemon went away mid-request)") \
+                from None
         except OSError as exc:
             raise DiskControlError(f"{where}: {exc}") from None
         try:

@@ -43,21 +43,30 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
 
     history = read_history(out / "history.jsonl")
     actions = {(h["index"], h["event"]): h for h in history if h.get("event") in ("start", "stop")}
-    assert len(actions) == 12 and all(h["ok"] for h in actions.values()), actions
-    for index, target in ((0, "learner-1"), (3, "syncer")):
+    assert len(actions) == 14 and all(h["ok"] for h in actions.values()), actions
+    for index, target in ((0, "learner-1"), (4, "syncer")):
         assert actions[(index, "start")]["did"] == f"SIGKILL {target}"
         assert actions[(index, "stop")]["did"].startswith(f"restarted {target} (Swarm's new task running "), \
             actions[(index, "stop")]["did"]
     assert actions[(1, "start")]["did"] == "SIGSTOP learner-2"
     assert actions[(2, "start")]["did"].startswith("added toxics learner-3/partition_")
-    assert actions[(4, "start")]["did"].startswith("disconnected learner-1")
+    assert actions[(5, "start")]["did"].startswith("disconnected learner-1")
     # The node fault: learner-2's node, and every unit on it, recorded for the checks to judge.
-    node = actions[(5, "start")]
+    node = actions[(6, "start")]
     assert node["did"].startswith("cut ") and "off the overlay networks" in node["did"], node
     assert "learner-2" in node["units"] and node["did"].endswith(f"(it ran {', '.join(node['units'])})"), node
-    assert actions[(5, "stop")]["did"].startswith("joined "), actions[(5, "stop")]
+    assert actions[(6, "stop")]["did"].startswith("joined "), actions[(6, "stop")]
 
     events = read_events(out)
+    # The clock fault reached learner-2's container on its node: its wall clock read 30 s
+    # ahead of its monotonic clock's course while the fault was in force, and true after.
+    begin = next(h["t"] for h in history if h.get("event") == "begin")
+    skew = [e["wall"] - e["t"] for e in events if e["process"] == "learner-2" and e["kind"] == "inner_step"]
+    inside = [e["wall"] - e["t"] for e in events if e["process"] == "learner-2" and e["kind"] == "inner_step"
+              and begin + 22 <= e["t"] <= begin + 28]
+    outside = [e["wall"] - e["t"] for e in events if e["process"] == "learner-2" and e["kind"] == "inner_step"
+               and begin + 33 <= e["t"] <= begin + 40]
+    assert skew and inside and outside and abs(min(inside) - max(outside) - 30) < 2, (min(inside), max(outside))
     joins = {(e["learner"], e["incarnation"]) for e in events if e["kind"] == "join"}
     assert (1, 2) in joins, "learner-1's new task did not rejoin as incarnation 2"
     loads = [e for e in events if e["kind"] == "state_loaded"]
@@ -74,7 +83,7 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
     assert timeline["status"] == "pass" and timeline["evidence"]["hosts"], timeline
     assert stack["services"]["syncer"]["deploy"]["placement"]["constraints"] == ["node.labels.islands.syncer == true"]
     assert " learner-1 inner_step " in (out / "logs" / "learner-1.log").read_text(), "a learner's log is silent"
-    assert "faults[3] kill syncer started" in done.stdout
+    assert "faults[4] kill syncer started" in done.stdout
 
 
 LOST_ACK = """\

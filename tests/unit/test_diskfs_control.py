@@ -254,3 +254,43 @@ def test_the_client_waits_for_a_daemon_that_is_starting_again(ops, tmp_path, mon
             server.stop()
     with pytest.raises(client.DaemonNotUp, match=r"no such socket after waiting 0.3 s"):
         DiskControl(tmp_path / "never.sock", timeout=1.0, wait=0.3).status()
+
+
+def test_a_daemon_that_goes_away_mid_request_is_waited_for_like_one_not_up(ops, tmp_path, monkeypatch) -> None:
+    """The compose suite's disk test: the heal met the syncer's container restarting, its
+    daemon accepted the connection and went away (Broken pipe), and the heal failed. A
+    daemon gone mid-request is retried within --wait, as one not up yet."""
+    import chaos.diskfs.client as client
+
+    where = tmp_path / "control.sock"
+    servers: list[ControlServer] = []
+    real_connect = client.connect
+    tries: list[int] = []
+
+    class Hangup:
+        """A connection whose daemon is on its way out: sending fails, as on a closed peer."""
+        def __enter__(self):
+            return self
+        def __exit__(self, *exc):
+            return False
+        def sendall(self, data):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    def dying_then_up(path, timeout):
+        tries.append(1)
+        if len(tries) == 1:
+            return Hangup()
+        if not servers:
+            servers.append(ControlServer(where, ops.policy.set_mode, ops.status).start())
+        return real_connect(path, timeout)
+
+    monkeypatch.setattr(client, "connect", dying_then_up)
+    try:
+        assert DiskControl(where, timeout=1.0, wait=10).set_mode("full")["ok"]
+        assert ops.policy.mode == "full" and len(tries) == 2
+    finally:
+        for server in servers:
+            server.stop()
+    tries.clear()
+    with pytest.raises(client.DaemonNotUp, match="went away mid-request"):
+        DiskControl(where, timeout=1.0).set_mode("none")  # no --wait: said at once
