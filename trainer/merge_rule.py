@@ -32,6 +32,9 @@ class Decision:
     reason: str | None     # quorum | grace | late | final-round | final-timeout, or None: not yet
     info: dict = field(default_factory=dict)   # what the grace window did (the merge event's `grace`)
     recheck_at: float | None = None            # when the answer changes with no new input (None: never)
+    # Which pending pushes the merge takes: None every one; "regular" only those that are not
+    # a learner's last (they wait for the final round); "final" only the last ones.
+    only: str | None = None
 
 
 def earliest(a: float | None, b: float | None) -> float | None:
@@ -149,13 +152,12 @@ class MergeRule:
         if not pending:
             return Decision(None)
         if any(p.final for p in pending):
-            # The final round is the run's end: every live learner sends its last push. A
-            # learner that stops while live learners train on (their regular pushes are
-            # pending: a scale-down, a node's learners moved back) is not that: its last
-            # push merges as an ordinary one. Holding their progress for it stalled every
-            # merge for final_wait (10 s) each time one learner left cleanly mid-run.
-            if not {p.learner for p in pending if not p.final} & set(alive):
+            stopping = {p.learner for p in pending if p.final}
+            training = [learner for learner in alive if learner not in stopping]
+            regular = [p for p in pending if not p.final and p.learner not in stopping]
+            if not {p.learner for p in regular} & set(training):
                 return self._decide_final(pending, alive, now)
+            return self._decide_beside_final(pending, regular, version, training, now, predicted, period)
         policy = self.grace_policy
         reporters = {p.learner for p in pending}
         k = self.effective_quorum(len(alive))
@@ -183,6 +185,27 @@ class MergeRule:
             return Decision("late", {"policy": policy, "waited": round(now - oldest, 4),
                                      "why": f"only late pushes, no fresh one for {late_after:.2f} s"})
         return Decision(None, recheck_at=oldest + late_after)
+
+    def _decide_beside_final(self, pending: Sequence[Waiting], regular: Sequence[Waiting], version: int,
+                             training: Collection[int], now: float, predicted: Callable[[int], float | None],
+                             period: float | None) -> Decision:
+        """A learner's last push is pending while live learners train on (`training`: live,
+        no last push in; their regular pushes are pending): a learner left mid-run (a
+        scale-down, learners moved back onto a node that returned), or the first of a run's
+        end. The regular pushes of those training merge by the usual rule among them, and
+        the last pushes wait for the final round (every live learner's last push, or
+        final_wait). Holding the regular pushes too stalled every merge for final_wait (10 s)
+        each time one learner left cleanly mid-run."""
+        opened = min(p.accepted_at for p in pending if p.final)
+        if now >= opened + self.final_wait:
+            finals = [p for p in pending if p.final]
+            missing = sorted(set(training))
+            return Decision("final-timeout", {"policy": "final", "waited": round(now - opened, 4), "missing": missing,
+                                              "why": f"{self.final_wait:g} s after the first last push"}, only="final")
+        decision = self.decide(regular, version, training, now, predicted, period)
+        if decision.reason:
+            return Decision(decision.reason, decision.info, only="regular")
+        return Decision(None, recheck_at=earliest(decision.recheck_at, opened + self.final_wait))
 
     def _decide_final(self, pending: Sequence[Waiting], alive: Collection[int], now: float) -> Decision:
         """A learner's last push of this fragment is pending: the final round.

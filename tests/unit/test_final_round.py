@@ -58,21 +58,27 @@ def test_the_final_round_waits_for_every_live_learner_then_takes_their_mean(rig:
     assert sorted(c["learner"] for c in merge["contributors"]) == [1, 2]
 
 
-def test_a_learner_that_stops_while_another_trains_on_merges_as_an_ordinary_push(rig: Rig) -> None:
-    """Learner 1 stops mid-run (its last push is in) while learner 2 trains on: its last push
-    merges with 2's regular one by quorum, with the regular outer step, at once. The final
-    round held every merge for --final-wait instead (the multi-node swarm run found it)."""
+def test_a_learner_that_stops_while_another_trains_on_does_not_hold_its_merges(rig: Rig) -> None:
+    """Learner 1's last push is in while learner 2 trains on: 2's regular push merges at once,
+    by quorum and alone, and 1's last push waits for the final round, which 2's last push
+    then completes (the final round held every merge for --final-wait instead: the
+    multi-node swarm run found it)."""
     s = rig.start(quorum=0, grace=5.0, final_wait=3600.0)
     c1, c2 = rig.client(s), rig.client(s)
     c1.hello(1, "n1")
     c2.hello(2, "n2")
-    assert c1.send(_final_push(1, 1, rig.delta(s, 1))).header["status"] == "accepted"
-    assert c2.send(push_frame(2, 1, 1, rig.delta(s, 2))).header["status"] == "accepted"
-    wait_until(s, lambda: s.frags[0].version >= 1, "a merge of the last push with the live learner's", timeout=3)
+    d1, d2, d2_last = rig.delta(s, 1), rig.delta(s, 2), rig.delta(s, 3)
+    assert c1.send(_final_push(1, 1, d1)).header["status"] == "accepted"
+    assert c2.send(push_frame(2, 1, 1, d2)).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "the live learner's merge, not held for the last push", timeout=3)
+    with s.cond:
+        assert [(p.contribution.learner, p.final) for p in s.frags[0].pending] == [(1, True)]
+    assert c2.send(_final_push(2, 2, d2_last)).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 2, "the final round", timeout=3)
     s.stop()
-    merge = [e for e in rig.events("merge") if e["fragment"] == 0][-1]
-    assert merge["reason"] == "quorum" and merge["final"] is False and merge["outer"]["step"] != "final-average"
-    assert sorted(c["learner"] for c in merge["contributors"]) == [1, 2]
+    regular, last = [e for e in rig.events("merge") if e["fragment"] == 0][-2:]
+    assert regular["reason"] == "quorum" and [c["learner"] for c in regular["contributors"]] == [2]
+    assert last["reason"] == "final-round" and sorted(c["learner"] for c in last["contributors"]) == [1, 2]
 
 
 def test_a_learner_that_never_sends_its_last_push_holds_the_round_only_for_final_wait(rig: Rig) -> None:

@@ -71,16 +71,25 @@ def test_the_final_round_waits_for_every_live_learners_last_push_or_the_timeout(
 
 def test_a_learner_that_stops_while_others_train_on_does_not_hold_their_merges() -> None:
     """Learner 1 stopped cleanly mid-run (a scale-down, a node's learners moved back): its
-    last push is in, and learners 2 and 3 keep pushing. Its last push merges as an ordinary
-    one, by quorum; the final round (waiting for 2's and 3's last pushes, which are not
-    coming) held every merge for final_wait, found by the multi-node swarm run."""
+    last push is in, and learners 2 and 3 keep pushing. Their regular pushes merge by the
+    usual rule; the last push waits for the final round, or final_wait. Holding theirs too
+    (the final round as it was) stalled every merge for final_wait: the multi-node swarm
+    run found it, 10.3 s without a merge."""
     rule = MergeRule(final_wait=10.0)
     pending = [w(1, 1.0, final=True), w(2, 1.2), w(3, 1.3)]
-    assert rule.decide(pending, 0, [2, 3], 1.3).reason == "quorum"   # learner 1 said BYE
-    # Below quorum (three live learners), the grace window decides, not final_wait.
-    assert rule.decide(pending[:2], 0, [2, 3, 4], 1.3).recheck_at == pytest.approx(1.0 + rule.grace)
+    d = rule.decide(pending, 0, [2, 3], 1.3)   # learner 1 said BYE
+    assert (d.reason, d.only) == ("quorum", "regular")
+    # Below quorum (three live learners), the grace window of the regular pushes decides.
+    d = rule.decide(pending[:2], 0, [2, 3, 4], 1.3)
+    assert d.reason is None and d.recheck_at == pytest.approx(1.2 + rule.grace)
+    # The last push's own wait still ends: final_wait after it came, it merges alone.
+    d = rule.decide(pending, 0, [2, 3], 11.0)
+    assert (d.reason, d.only, d.info["missing"]) == ("final-timeout", "final", [2, 3])
     # A push from a learner that is no longer live says nothing of who trains on.
     assert rule.decide([w(1, 1.0, final=True), w(4, 1.1)], 0, [2], 2.0).recheck_at == pytest.approx(11.0)
+    # Every live learner's last push in: the final round, over everything pending.
+    d = rule.decide([w(1, 1.0, final=True), w(2, 1.2, final=True), w(2, 1.1)], 0, [1, 2], 1.3)
+    assert (d.reason, d.only) == ("final-round", None)
 
 
 def test_staleness_and_round_period() -> None:

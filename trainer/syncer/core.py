@@ -805,14 +805,19 @@ class SyncerCore:
         return max(kept, key=lambda p: tensor_norm(p.contribution.delta))
 
     def begin_merge(self, frag: FragmentState, reason: str, grace: dict | None = None,
-                    final: bool = False) -> MergePlan | None:
-        """Take a fragment's pending pushes and compute their outer step: the plan whose
+                    final: bool = False, only: str | None = None) -> MergePlan | None:
+        """Take a fragment's pending pushes (`only`: "regular" or "final" ones, as the merge
+        rule's Decision says; None: all) and compute their outer step: the plan whose
         fragment file the caller writes (the commit point), then commits. None when every
         push was quarantined: nothing to write. Pushes accepted while the plan is written
         stay pending for the next merge."""
         started = self.monotonic()
-        taken = list(frag.pending)
-        frag.pending = []
+        if only is None:
+            taken, frag.pending = list(frag.pending), []
+        else:
+            want = only == "final"
+            taken = [p for p in frag.pending if p.final == want]
+            frag.pending = [p for p in frag.pending if p.final != want]
         if self.defect == "living_quorum":  # a departed learner's acknowledged pushes are dropped
             counted = {m.learner for m in self.members.weighed()}
             taken = [p for p in taken if p.contribution.learner in counted]

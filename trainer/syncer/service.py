@@ -556,7 +556,7 @@ class Syncer:
                 continue
             why = decision.reason
             try:
-                self._merge(frag, reason=why, grace=decision.info, final=why.startswith("final"))
+                self._merge(frag, reason=why, grace=decision.info, final=why.startswith("final"), only=decision.only)
                 self.core.merged(now)
             except Exception as exc:  # noqa: BLE001 - the pushes stay pending; retried next tick
                 ok = False
@@ -565,11 +565,12 @@ class Syncer:
                     self._storage_error(exc, f"fragment-{frag.spec.index}")
         return ok
 
-    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None, final: bool = False) -> None:
+    def _merge(self, frag: FragmentState, reason: str, grace: dict | None = None, final: bool = False,
+               only: str | None = None) -> None:
         """Carry out one merge the core planned. Called under the lock, which it releases
         while the new fragment file is written: that durable write is the commit point;
         only after it are the pending files deleted and the new version served."""
-        plan = self.core.begin_merge(frag, reason, grace, final)
+        plan = self.core.begin_merge(frag, reason, grace, final, only)
         if plan is None:  # every push was quarantined: nothing to commit
             return
         self.cond.release()
