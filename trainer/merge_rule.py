@@ -198,7 +198,6 @@ class MergeRule:
         each time one learner left cleanly mid-run."""
         opened = min(p.accepted_at for p in pending if p.final)
         if now >= opened + self.final_wait:
-            finals = [p for p in pending if p.final]
             missing = sorted(set(training))
             return Decision("final-timeout", {"policy": "final", "waited": round(now - opened, 4), "missing": missing,
                                               "why": f"{self.final_wait:g} s after the first last push"}, only="final")
