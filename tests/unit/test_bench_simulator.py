@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from .bench_scripts import load_bench
 
 sim = load_bench("simulator.py", "bench_simulator")
@@ -21,9 +23,15 @@ def fake_chunk(ran: list[tuple[int, int]]):
     return run_chunk
 
 
-def test_a_ledger_resumes_where_the_last_run_stopped(tmp_path, monkeypatch):
-    ran: list[tuple[int, int]] = []
-    monkeypatch.setattr(sim, "run_chunk", fake_chunk(ran))
+@pytest.fixture
+def ran(monkeypatch) -> list[tuple[int, int]]:
+    """The (start, count) of every chunk run, with a fake chunk in place of the simulator."""
+    chunks: list[tuple[int, int]] = []
+    monkeypatch.setattr(sim, "run_chunk", fake_chunk(chunks))
+    return chunks
+
+
+def test_a_ledger_resumes_where_the_last_run_stopped(tmp_path, ran):
     ledger = tmp_path / "long.jsonl"
     space = sim.Space()
     sim.run(1, 25, space, 2, 10, ledger, say=lambda _: None)
@@ -36,9 +44,7 @@ def test_a_ledger_resumes_where_the_last_run_stopped(tmp_path, monkeypatch):
     assert len(ledger.read_text().splitlines()) == 5
 
 
-def test_a_chunk_of_another_seed_space_or_commit_or_a_torn_line_is_not_counted(tmp_path, monkeypatch):
-    ran: list[tuple[int, int]] = []
-    monkeypatch.setattr(sim, "run_chunk", fake_chunk(ran))
+def test_a_chunk_of_another_seed_space_or_commit_or_a_torn_line_is_not_counted(tmp_path, ran):
     ledger = tmp_path / "long.jsonl"
     space = sim.Space()
     sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)
