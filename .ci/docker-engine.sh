@@ -18,6 +18,13 @@ ensure_engine() {
     fi
     if ! docker info >/dev/null 2>&1; then
         log "starting dockerd"
+        # An engine killed with its machine leaves its pid file, and dockerd refuses to start
+        # beside it; remove it only when no such process runs.
+        local pid_file=/var/run/docker.pid
+        if [[ -f $pid_file ]] && ! kill -0 "$(cat "$pid_file")" 2>/dev/null; then
+            log "removing the stale $pid_file (pid $(cat "$pid_file") is gone)"
+            rm -f "$pid_file"
+        fi
         # A swarm task's start first tries to pull its image unless this is set; offline, or
         # with a registry that only drops packets, each start would wait for that to fail.
         DOCKER_SERVICE_PREFER_OFFLINE_IMAGE=1 nohup dockerd >/tmp/islands-dockerd.log 2>&1 &

@@ -16,6 +16,7 @@ from chaos.runner import wait_until_training
 from trainer.events import read_events
 
 from ..integration.cluster_helpers import contributed, wait_for
+from ..integration.disk_evidence import disk_schedule_problems
 from .conftest import FAST_TRAINER_ARGS
 
 pytestmark = [pytest.mark.compose, pytest.mark.integration]
@@ -67,7 +68,8 @@ def test_acceptance_schedule_passes_through_the_cli(tmp_path: Path) -> None:
 
 def test_disk_faults_a_power_loss_and_clock_steps_pass_in_containers(tmp_path: Path) -> None:
     """Issue 27's schedule in containers: the disk-fault layer runs in the syncer's container
-    (/dev/fuse, CAP_SYS_ADMIN), a full disk is refused (storage_full) and backed off from, a
+    (/dev/fuse, CAP_SYS_ADMIN), a full disk is refused (storage_full) or holds a merge back
+    until space returns (disk_evidence.py says why either may happen), a
     failed sync ends the syncer with 75 and Docker's restart policy starts it again, the power
     loss kills the container and its disk layer, and wall clocks step through the run dir."""
     out = tmp_path / "run"
@@ -77,9 +79,7 @@ def test_disk_faults_a_power_loss_and_clock_steps_pass_in_containers(tmp_path: P
     assert done.returncode == 0, f"exit {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     assert (out / "compose.disk.yaml").is_file(), "the syncer ran without the disk-fault layer"
     events = read_events(out)
-    kinds = [(e.get("process"), e["kind"], e.get("reason")) for e in events]
-    assert ("syncer", "disk_failed", None) in kinds, "the failed sync was not seen"
-    assert any(p and p.startswith("learner-") and k == "push_deferred" and r == "storage_full" for p, k, r in kinds)
+    assert disk_schedule_problems(events) == []
     starts = [e for e in events if e.get("process") == "syncer" and e["kind"] == "process_start"]
     assert len(starts) >= 3, "the syncer was not started again after its failed sync and after the power loss"
     assert (out / "state" / "meta.json").is_file(), "the durable image was not copied out"
