@@ -16,13 +16,16 @@ lines it executed.
 
 A long run goes in chunks of --chunk schedules; with --ledger each finished chunk is
 appended there and is not run again by the same code, so a million schedules can span
-sessions (the ledger names each chunk's commit and rate) and an interrupted run loses one
-chunk. Chunks of another commit stay in the ledger as history and do not count.
+sessions (the ledger names each chunk's commit, simulated code and rate) and an
+interrupted run loses one chunk. The code is a hash of the trainer/, chaos/ and faults/
+trees: a commit that changes only tests, docs or bench keeps counting the chunks before it;
+chunks of other code stay in the ledger as history and do not count.
 
 BENCHMARKS.md ("Simulator") has the table.
 """
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import multiprocessing
@@ -63,20 +66,56 @@ def space_key(space: Space) -> dict:
             "kinds": list(space.kinds), "tail": space.tail, "min_at": space.min_at}
 
 
-def commit() -> str:
-    """The checkout's commit (with -dirty when tracked files differ from it), so a ledger
-    that grew over several sessions says what ran."""
+SIMULATED_CODE = ("trainer", "chaos", "faults")  # what a simulation runs; tests, docs and bench do not change it
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+
+
+def code_of(commit: str) -> str:
+    """The identity of the simulated code at `commit`: a hash of its trainer/, chaos/ and
+    faults/ trees. A commit that changes only tests, docs or bench keeps it, so a long run's
+    chunks keep counting across such commits; "" when git does not know the commit."""
     try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "trainer", "chaos", "faults"],
-                               capture_output=True, timeout=10).returncode != 0
-        return (head + ("-dirty" if dirty else "")) or "unknown"
+        trees = [_git("rev-parse", "--verify", "--quiet", f"{commit}:{d}") for d in SIMULATED_CODE]
     except (OSError, subprocess.TimeoutExpired):
-        return "unknown"
+        return ""
+    if not all(trees):
+        return ""
+    return hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
 
 
-CODE = commit()  # the code this process runs: read once, at its start, not when a chunk ends
+def identity() -> tuple[str, str]:
+    """The checkout's commit and simulated code, each with -dirty when the tracked files of
+    trainer/, chaos/ or faults/ differ from it (a ledger then says what ran)."""
+    try:
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", *SIMULATED_CODE],
+                               capture_output=True, timeout=10).returncode != 0
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown", "unknown"
+    if not head:
+        return "unknown", "unknown"
+    suffix = "-dirty" if dirty else ""
+    return head + suffix, (code_of(head) or "unknown") + suffix
+
+
+COMMIT, CODE = identity()  # what this process runs: read once, at its start, not when a chunk ends
+_CODE_OF_COMMIT: dict[str, str] = {}
+
+
+def chunk_code(chunk: dict) -> str:
+    """The simulated code a ledger chunk ran: recorded since the ledger kept it, else
+    derived from its commit (chunks of a dirty checkout match only their own dirty runs)."""
+    if chunk.get("code"):
+        return chunk["code"]
+    commit = str(chunk.get("commit", ""))
+    if commit.endswith("-dirty") or commit == "unknown":
+        return commit
+    if commit not in _CODE_OF_COMMIT:
+        _CODE_OF_COMMIT[commit] = code_of(commit) or commit
+    return _CODE_OF_COMMIT[commit]
 
 
 def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dict:
@@ -92,15 +131,15 @@ def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dic
     per = sorted(r["seconds"] for r in rows)
     failed = [{"index": r["index"], "checks": r["failed"]} for r in rows if r["failed"]]
     return {"seed": seed, "start": start, "count": count, "space": space_key(space), "jobs": jobs,
-            "commit": CODE, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": COMMIT, "code": CODE, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_seconds": round(wall, 3), "simulated_seconds": round(sum(r["simulated"] for r in rows), 1),
             "faults": sum(r["faults"] for r in rows), "median_s": per[len(per) // 2],
             "p99_s": per[int(len(per) * 0.99)], "max_s": per[-1], "violations": len(failed), "failed": failed[:20]}
 
 
 def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], dict]:
-    """The chunks already run for this seed and space by this code (CODE: a chunk of other
-    code does not count for it), by (start, count). A line cut short by an interrupted write
+    """The chunks already run for this seed and space by this simulated code (CODE: a chunk
+    of other code does not count for it, whatever its commit), by (start, count). A line cut short by an interrupted write
     is skipped (its chunk runs again)."""
     done: dict[tuple[int, int], dict] = {}
     if not path.exists():
@@ -111,7 +150,7 @@ def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], di
             chunk = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if chunk.get("seed") == seed and chunk.get("space") == key and chunk.get("commit") == CODE:
+        if chunk.get("seed") == seed and chunk.get("space") == key and chunk_code(chunk) == CODE:
             done[(chunk["start"], chunk["count"])] = chunk
     return done
 
@@ -210,23 +249,26 @@ def coverage(seed: int, count: int, space: Space) -> dict:
 
 
 def report(ledger: Path, seed: int, space: Space) -> int:
-    """The ledger's chunks for this seed and space, summed per commit, oldest first."""
+    """The ledger's chunks for this seed and space, summed per simulated code, oldest first,
+    with the commits each code ran at."""
     key = space_key(space)
-    by_commit: dict[str, list[dict]] = {}
+    by_code: dict[str, list[dict]] = {}
     for line in ledger.read_text().splitlines() if ledger.exists() else []:
         try:
             chunk = json.loads(line)
         except json.JSONDecodeError:
             continue
         if chunk.get("seed") == seed and chunk.get("space") == key:
-            by_commit.setdefault(chunk["commit"], []).append(chunk)
-    print(f"{'commit':<16} {'schedules':>10} {'wall h':>7} {'sched/s':>8} {'sim s/wall s':>13} {'p99 s':>7} "
-          f"{'violations':>11}  first failing schedules")
-    for code, chunks in by_commit.items():
+            by_code.setdefault(chunk_code(chunk), []).append(chunk)
+    print(f"{'code':<14} {'commits':<18} {'schedules':>10} {'wall h':>7} {'sched/s':>8} {'sim s/wall s':>13} "
+          f"{'p99 s':>7} {'violations':>11}  first failing schedules")
+    for code, chunks in by_code.items():
         r = summarize(chunks, space)
         failed = ", ".join(f"{f['index']} ({'/'.join(f['checks'])})" for f in r["failed"][:5]) or "-"
-        print(f"{code:<16} {r['schedules']:>10} {r['wall_seconds'] / 3600:>7.2f} {r['schedules_per_second']:>8.2f} "
-              f"{r['speedup']:>13.1f} {r['per_schedule_p99_s']:>7.3f} {r['violations']:>11}  {failed}")
+        mark = " (this checkout)" if code == CODE else ""
+        print(f"{code:<14} {','.join(r['commits']):<18} {r['schedules']:>10} {r['wall_seconds'] / 3600:>7.2f} "
+              f"{r['schedules_per_second']:>8.2f} {r['speedup']:>13.1f} {r['per_schedule_p99_s']:>7.3f} "
+              f"{r['violations']:>11}  {failed}{mark}")
     return 0
 
 
@@ -245,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                         "not run again, each new one is appended as it ends (a million schedules span "
                         "sessions; default: none, every chunk runs)")
     p.add_argument("--report", action="store_true",
-                   help="run nothing: print what the ledger holds, per commit (needs --ledger)")
+                   help="run nothing: print what the ledger holds, per simulated code (needs --ledger)")
     args = p.parse_args(argv)
     space = Space()
     if args.report:

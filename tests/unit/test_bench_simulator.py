@@ -1,5 +1,6 @@
 """bench/simulator.py's long run: chunks recorded in a ledger and not run again, so a
-million schedules can span sessions; the summary over chunks of several commits."""
+million schedules can span sessions and commits that leave the simulated code alone; the
+summary over chunks of several commits."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ def fake_chunk(ran: list[tuple[int, int]]):
     def run_chunk(seed, start, count, space, jobs):
         ran.append((start, count))
         return {"seed": seed, "start": start, "count": count, "space": sim.space_key(space), "jobs": jobs,
-                "commit": sim.CODE, "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
+                "commit": sim.COMMIT, "code": sim.CODE, "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
                 "faults": count, "median_s": 0.04, "p99_s": 0.07, "max_s": 0.1,
                 "violations": 1 if start == 20 else 0,
                 "failed": [{"index": start + 3, "checks": ["no_lost_acks"]}] if start == 20 else []}
@@ -55,12 +56,46 @@ def test_a_chunk_of_another_seed_space_or_commit_or_a_torn_line_is_not_counted(t
     sim.run(1, 10, replace(space, max_faults=2), 2, 10, ledger, say=lambda _: None)
     sim.run(1, 20, space, 2, 10, ledger, say=lambda _: None)
     assert ran == [(0, 10), (0, 10), (10, 10)]
-    # A chunk another commit ran is history: this code runs it again.
+    # A chunk other simulated code ran is history: this code runs it again.
     lines = ledger.read_text().splitlines()
     ledger.write_text("\n".join(line.replace(sim.CODE, "0ther00") for line in lines) + "\n")
     ran.clear()
     sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)
     assert ran == [(0, 10)]
+
+
+def test_a_chunk_of_another_commit_with_the_same_simulated_code_counts(tmp_path, ran):
+    """A commit that changed only tests or docs keeps the long run going."""
+    ledger = tmp_path / "long.jsonl"
+    space = sim.Space()
+    sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)
+    ledger.write_text(ledger.read_text().replace(f'"commit":"{sim.COMMIT}"', '"commit":"docsonly"'))
+    ran.clear()
+    assert sim.run(1, 10, space, 2, 10, ledger, say=lambda _: None)[0]["commit"] == "docsonly"
+    assert ran == []
+
+
+def test_a_chunk_recorded_before_codes_is_matched_through_its_commit(monkeypatch):
+    monkeypatch.setattr(sim, "_CODE_OF_COMMIT", {})
+    monkeypatch.setattr(sim, "code_of", lambda commit: {"abc1234": "c0de"}.get(commit, ""))
+    assert sim.chunk_code({"commit": "abc1234"}) == "c0de"
+    assert sim.chunk_code({"commit": "abc1234", "code": "given"}) == "given"
+    assert sim.chunk_code({"commit": "abc1234-dirty"}) == "abc1234-dirty"  # never another run's code
+    assert sim.chunk_code({"commit": "gone999"}) == "gone999"           # a commit git no longer has
+
+
+def test_the_simulated_code_changes_only_with_trainer_chaos_or_faults():
+    """Over the last commits: a commit's code equals its parent's exactly when it left
+    trainer/, chaos/ and faults/ alone (a shallow clone without history proves nothing)."""
+    commits = sim._git("log", "--format=%H", "-n", "40").split()
+    if len(commits) < 2:
+        pytest.skip("no history in this clone")
+    seen = set()
+    for commit in commits[:-1]:
+        touched = sim._git("diff", "--name-only", f"{commit}^", commit, "--", *sim.SIMULATED_CODE) != ""
+        seen.add(touched)
+        assert (sim.code_of(commit) != sim.code_of(f"{commit}^")) == touched, commit
+    assert sim.code_of("0" * 40) == ""
 
 
 def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
@@ -70,7 +105,7 @@ def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
     assert result["schedules"] == 30 and result["chunks"] == 3
     assert result["schedules_per_second"] == 50.0 and result["speedup"] == 1000.0
     assert result["violations"] == 1 and result["failed"] == [{"index": 23, "checks": ["no_lost_acks"]}]
-    assert result["commits"] == [sim.CODE]
+    assert result["commits"] == [sim.COMMIT]
     json.dumps(result)
 
 
@@ -82,10 +117,11 @@ def test_a_real_chunk_runs_the_schedules_explore_draws():
     assert chunk["simulated_seconds"] == round(sum(s.horizon + sim.Space().tail for s in drawn), 1)
 
 
-def test_the_report_sums_the_ledger_per_commit_and_names_failing_schedules(tmp_path, monkeypatch, capsys):
+def test_the_report_sums_the_ledger_per_code_and_names_failing_schedules(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sim, "run_chunk", fake_chunk([]))
     ledger = tmp_path / "long.jsonl"
     sim.run(1, 30, sim.Space(), 2, 10, ledger, say=lambda _: None)
     assert sim.main(["--report", "--ledger", str(ledger)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[1].split()[:2] == [sim.CODE, "30"] and "23 (no_lost_acks)" in out[1]
+    assert out[1].split()[:3] == [sim.CODE, sim.COMMIT, "30"] and "23 (no_lost_acks)" in out[1]
+    assert out[1].endswith("(this checkout)")
