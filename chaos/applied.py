@@ -9,7 +9,7 @@ on the schedule's clock) and how long it took. From those, each fault has
   the checks judge recovery;
 - an *in-force* interval on the schedule's clock, which is what `faults_applied` holds
   against the plan. It is the time the fault was surely in force: from the moment its
-  start returned (a toxic is in place, a process stopped or dead) to the moment its stop
+  start returned (a toxic is in place, a process stopped or sent SIGKILL) to the moment its stop
   was issued, and for a kill to the moment its target was back (the restart returned).
 
 A fault started late, or in force for less than planned, is not what the schedule asked
@@ -194,7 +194,9 @@ def timings(history: list[dict], tolerance: float) -> list[Timing]:
             shortfall = duration - (until - began)
         problems = []
         if began - at > tolerance:
-            problems.append(f"in force {began - at:.2f} s after its planned start {at:g} s")
+            # Which of the two it was: the worker woke late, or the action itself was slow.
+            problems.append(f"in force {began - at:.2f} s after its planned start {at:g} s (issued "
+                            f"{float(h['at']) - at:.2f} s late, took {float(h.get('took') or 0.0):.2f} s)")
         if shortfall is not None and shortfall > tolerance:
             problems.append(f"in force {until - began:.2f} s of the {duration:g} s planned")
         if stop_late is not None and stop_late > tolerance:

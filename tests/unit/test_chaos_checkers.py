@@ -322,6 +322,7 @@ def test_faults_applied_fails_a_fault_started_late_and_in_force_too_short():
     assert verdict.status == FAIL
     assert "faults[1] latency learner-1: planned 6-9 s, in force 8.64-9.00 s" in verdict.detail
     assert "0.36 s of the 3 s planned" in verdict.detail
+    assert "issued 2.63 s late, took 0.01 s" in verdict.detail, "which of the two made it late"
     row = next(r for r in verdict.evidence["timing"] if r["fault"] == 1)
     assert row["start_late"] == pytest.approx(2.64) and row["shortfall"] == pytest.approx(2.64)
 
