@@ -17,15 +17,15 @@ lines it executed.
 A long run goes in chunks of --chunk schedules; with --ledger each finished chunk is
 appended there and is not run again by the same code, so a million schedules can span
 sessions (the ledger names each chunk's commit, simulated code and rate) and an
-interrupted run loses one chunk. The code is a hash of the trainer/, chaos/ and faults/
-trees: a commit that changes only tests, docs or bench keeps counting the chunks before it;
-chunks of other code stay in the ledger as history and do not count.
+interrupted run loses one chunk. The code is a hash of the files a simulation runs (all of
+trainer/ and faults/, and the part of chaos/ the simulator imports: bench/simulated_code.py):
+a commit that changes only tests, docs, bench or a live backend keeps counting the chunks
+before it; chunks of other code stay in the ledger as history and do not count.
 
 BENCHMARKS.md ("Simulator") has the table.
 """
 from __future__ import annotations
 
-import hashlib
 import inspect
 import json
 import multiprocessing
@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import simulated_code  # noqa: E402
 from bench.outputs import output_file  # noqa: E402
 from chaos.sim.explore import Space, draw, judge  # noqa: E402
 from trainer.argtypes import Parser, non_negative_int, positive_int  # noqa: E402
@@ -66,33 +67,19 @@ def space_key(space: Space) -> dict:
             "kinds": list(space.kinds), "tail": space.tail, "min_at": space.min_at}
 
 
-SIMULATED_CODE = ("trainer", "chaos", "faults")  # what a simulation runs; tests, docs and bench do not change it
-
-
 def _git(*args: str) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    return simulated_code.git(*args).strip()
 
 
-def code_of(commit: str) -> str:
-    """The identity of the simulated code at `commit`: a hash of its trainer/, chaos/ and
-    faults/ trees. A commit that changes only tests, docs or bench keeps it, so a long run's
-    chunks keep counting across such commits; "" when git does not know the commit."""
-    try:
-        trees = [_git("rev-parse", "--verify", "--quiet", f"{commit}:{d}") for d in SIMULATED_CODE]
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    if not all(trees):
-        return ""
-    return hashlib.sha1(" ".join(trees).encode()).hexdigest()[:12]
+code_of = simulated_code.code_of  # what a chunk ran: bench/simulated_code.py says which files count
 
 
 def identity() -> tuple[str, str]:
     """The checkout's commit and simulated code, each with -dirty when the tracked files of
-    trainer/, chaos/ or faults/ differ from it (a ledger then says what ran)."""
+    the simulated code differ from it (a ledger then says what ran)."""
     try:
         head = _git("rev-parse", "--short", "HEAD")
-        dirty = subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", *SIMULATED_CODE],
-                               capture_output=True, timeout=10).returncode != 0
+        dirty = bool(head) and simulated_code.dirty(head)
     except (OSError, subprocess.TimeoutExpired):
         return "unknown", "unknown"
     if not head:

@@ -4,13 +4,17 @@ summary over chunks of several commits."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from .bench_scripts import load_bench
 
 sim = load_bench("simulator.py", "bench_simulator")
+simulated_code = sim.simulated_code
 
 
 def fake_chunk(ran: list[tuple[int, int]]):
@@ -84,18 +88,37 @@ def test_a_chunk_recorded_before_codes_is_matched_through_its_commit(monkeypatch
     assert sim.chunk_code({"commit": "gone999"}) == "gone999"           # a commit git no longer has
 
 
-def test_the_simulated_code_changes_only_with_trainer_chaos_or_faults():
-    """Over the last commits: a commit's code equals its parent's exactly when it left
-    trainer/, chaos/ and faults/ alone (a shallow clone without history proves nothing)."""
+def test_the_simulated_code_changes_exactly_when_a_file_the_simulation_runs_changes():
+    """Over the last commits: a commit's code equals its parent's exactly when it left the
+    simulated files alone (all of trainer/ and faults/, chaos/'s import closure of the
+    simulator); a shallow clone without history proves nothing."""
     commits = sim._git("log", "--format=%H", "-n", "40").split()
     if len(commits) < 2:
         pytest.skip("no history in this clone")
-    seen = set()
     for commit in commits[:-1]:
-        touched = sim._git("diff", "--name-only", f"{commit}^", commit, "--", *sim.SIMULATED_CODE) != ""
-        seen.add(touched)
-        assert (sim.code_of(commit) != sim.code_of(f"{commit}^")) == touched, commit
+        files = set(simulated_code.simulated_blobs(commit)) | set(simulated_code.simulated_blobs(f"{commit}^"))
+        changed = set(sim._git("diff", "--name-only", f"{commit}^", commit).split())
+        assert (sim.code_of(commit) != sim.code_of(f"{commit}^")) == bool(changed & files), commit
     assert sim.code_of("0" * 40) == ""
+
+
+def test_the_closure_holds_every_chaos_module_a_simulation_loads_and_no_live_backend():
+    """Soundness: a fresh process that simulates schedules of every kind (power loss
+    included) loads no chaos/ file outside the closure; and the closure leaves out what a
+    simulation never runs, so a change there keeps a long run counting."""
+    probe = ("import sys; from chaos.sim.explore import Space, draw, judge; space = Space()\n"
+             "for i in range(40): judge(draw(1, i, space), space)\n"
+             "print('\\n'.join(sorted(m.__file__ for n, m in list(sys.modules.items())"
+             " if n.split('.')[0] == 'chaos' and getattr(m, '__file__', None))))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=sim.ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    loaded = {str(Path(f).resolve().relative_to(sim.ROOT)) for f in out.stdout.split()}
+    head = sim._git("rev-parse", "HEAD")
+    closure = {p for p in simulated_code.simulated_blobs(head) if p.startswith("chaos/")}
+    assert "chaos/sim/world.py" in loaded and "chaos/checkers.py" in loaded, sorted(loaded)
+    assert loaded <= closure, f"loaded by a simulation but not in its code's identity: {sorted(loaded - closure)}"
+    for outside in ("chaos/report.py", "chaos/pytest_plugin.py", "chaos/toxiproxy/server.py"):
+        assert outside not in closure, outside
 
 
 def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
