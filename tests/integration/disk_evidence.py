@@ -35,3 +35,11 @@ def disk_schedule_problems(events: list[dict]) -> list[str]:
     if left:
         problems.append(f"learners dropped by the disk faults instead of refused: {left[:3]}")
     return problems
+
+
+def syncer_incarnations(events: list[dict]) -> list[float]:
+    """When each syncer process began, by the first event every syncer writes (state_loaded,
+    once it has read its state back), not by process_start: a syncer killed while it starts
+    (a power loss that finds it restarting) never writes that one. Not by PID either: in a
+    container each start may get the same one."""
+    return [float(e["t"]) for e in events if e.get("process") == "syncer" and e["kind"] == "state_loaded"]
