@@ -6,7 +6,9 @@ The simulated code is all of trainer/ (the code under test) and faults/ (the voc
 and of chaos/ the files the simulator reaches: the static import closure of its entry
 (`chaos/sim/explore.py`), every import statement followed, those inside functions too. A
 package in the closure that imports by name at run time (`importlib.import_module`) brings
-its whole directory. A change to a live backend, the report or the CLI is outside it.
+its whole directory. The live backends are inside (chaos/runner.py, which the simulator
+imports for its live cross-check, imports them); the proxy server, the goodput simulator,
+the report, replay, the pytest plugin and the CLIs are outside.
 
 Why that is sound: if every file of the closure is unchanged at two commits, their import
 statements are unchanged, so the closure (and the code a simulation runs) is the same.
@@ -25,9 +27,8 @@ ENTRY = "chaos/sim/explore.py"
 DYNAMIC_IMPORT = "import_module"
 
 
-def git(*args: str, stdin: str | None = None) -> str:
-    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30,
-                          input=stdin).stdout
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30).stdout
 
 
 def _module_file(module: str, files: set[str]) -> str | None:

@@ -19,8 +19,8 @@ appended there and is not run again by the same code, so a million schedules can
 sessions (the ledger names each chunk's commit, simulated code and rate) and an
 interrupted run loses one chunk. The code is a hash of the files a simulation runs (all of
 trainer/ and faults/, and the part of chaos/ the simulator imports: bench/simulated_code.py):
-a commit that changes only tests, docs, bench or a live backend keeps counting the chunks
-before it; chunks of other code stay in the ledger as history and do not count.
+a commit that changes only tests, docs, bench, the proxy server, the report or a CLI keeps
+counting the chunks before it; chunks of other code stay in the ledger as history and do not count.
 
 BENCHMARKS.md ("Simulator") has the table.
 """
