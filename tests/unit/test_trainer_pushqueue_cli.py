@@ -263,8 +263,11 @@ def test_outer_momentum_is_refused_before_anything_starts() -> None:
 
 # ----------------------------------------------------------------------------- CLI
 
-# Real subprocesses for the refusals (each pays torch's import, so they run concurrently).
-CASES = {
+# The refusals. `run`'s are parsed and refused in this process: one that failed to refuse
+# would run a bounded cluster and fail here. The long-running roles' (a syncer or learner
+# that failed to refuse would serve forever) run as real subprocesses with a deadline, which
+# also proves `python -m trainer` itself exits 2 with a usage line and no traceback.
+RUN_CASES = {
     "learners0": (["run", "--learners", "0"], "--learners"),
     "schedule": (["run", "--sync-every", "10", "--fragments", "3"], "fragments (P): 3 must divide"),
     "encoding": (["run", "--encoding", "int3"], "--encoding"),
@@ -273,21 +276,27 @@ CASES = {
     "strided": (["run", "--n-layer", "2", "--fragments", "4", "--sync-every", "40", "--fragment-layout", "strided"],
                 "fragment-layout: strided puts layer i in fragment i mod P, so it needs at least P layers; "
                 "the model has 2 (--n-layer) for 4 fragments"),
+}
+ROLE_CASES = {
     "connect": (["learner", "--learner", "1", "--connect", "nohost"], "--connect"),
     "state_dir": (["syncer"], "--state-dir"),
     "secret": (["syncer", "--state-dir", "{tmp}/state"], "ISLANDS_SECRET"),
 }
 
 
+def _without_secret(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("ISLANDS_SECRET")}
+
+
 @pytest.fixture(scope="module")
 def cli_results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     tmp = tmp_path_factory.mktemp("cli")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ISLANDS_SECRET")}
+    env = _without_secret(dict(os.environ))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["ISLANDS_CACHE_DIR"] = str(tmp / "cache")
     env["OMP_NUM_THREADS"] = "1"
     procs = {}
-    for name, (argv, _) in CASES.items():
+    for name, (argv, _) in ROLE_CASES.items():
         argv = [a.replace("{tmp}", str(tmp)) for a in argv]
         procs[name] = subprocess.Popen([sys.executable, "-m", "trainer", *argv], cwd=tmp, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -305,19 +314,36 @@ def cli_results(tmp_path_factory) -> dict[str, subprocess.CompletedProcess]:
     return results
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_cli_refuses_bad_flags_with_exit_2(cli_results, case: str) -> None:
-    _, needle = CASES[case]
+def _assert_refused(code: int | str | None, stderr: str, needle: str) -> None:
+    assert code == 2, (code, stderr[-2000:])
+    assert needle in stderr, stderr[-2000:]
+    assert "usage:" in stderr and "Traceback" not in stderr
+
+
+@pytest.mark.parametrize("case", list(ROLE_CASES))
+def test_role_refuses_bad_flags_with_exit_2(cli_results, case: str) -> None:
     r = cli_results[case]
-    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
-    assert needle in r.stderr, r.stderr[-2000:]
-    assert "usage:" in r.stderr and "Traceback" not in r.stderr
+    _assert_refused(r.returncode, r.stderr, ROLE_CASES[case][1])
 
 
-def test_cli_refusal_starts_nothing(cli_results) -> None:
+def test_role_refusal_starts_nothing(cli_results) -> None:
     tmp = cli_results["_tmp"]
     assert not (tmp / "state").exists(), "a refused syncer must not create its state dir"
-    assert not (tmp / "runs").exists(), "a refused run must not create a run dir"
+
+
+@pytest.mark.parametrize("case", list(RUN_CASES))
+def test_run_refuses_bad_flags_with_exit_2(case: str, tmp_path: Path, monkeypatch,
+                                           capsys: pytest.CaptureFixture) -> None:
+    from trainer.__main__ import main
+    argv, needle = RUN_CASES[case]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ISLANDS_CACHE_DIR", str(tmp_path / "cache"))
+    for name in _without_secret(dict(os.environ)).keys() ^ os.environ.keys():
+        monkeypatch.delenv(name)
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    _assert_refused(ei.value.code, capsys.readouterr().err, needle)
+    assert list(tmp_path.iterdir()) == [], "a refused run must create nothing (no run dir, no cache)"
 
 
 @pytest.mark.parametrize("argv,needles", [
