@@ -4,11 +4,11 @@ everything recorded so far and merges keep coming, and at the end every check pa
 
 It is tests/properties/test_state_machine.py's machine on the simulator's world (the real
 syncer, the learners' real protocol, a virtual clock): an example costs a tenth of a
-second instead of minutes, so the `ci` profile runs 1,000 of them with shrinking on (the
-live machine keeps a few examples as the cross-check)."""
+second instead of minutes, so the `ci` profile runs 1,000 of them with shrinking on, in
+SHARDS tests of their own seeds (the live machine keeps a few examples as the cross-check)."""
 from __future__ import annotations
 
-from hypothesis import settings
+from hypothesis import seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -114,5 +114,17 @@ class SimChaosMachine(RuleBasedStateMachine):
         assert not failed, "; ".join(f"{v.name}: {v.detail}" for v in failed)
 
 
-SimChaosMachine.TestCase.settings = settings(max_examples=EXAMPLES, stateful_step_count=5, deadline=None)
-TestSimChaosMachine = SimChaosMachine.TestCase
+def _shard(number: int) -> type:
+    """Shard `number` of SHARDS: EXAMPLES // SHARDS machines drawn from seed `number`, a test
+    of its own so the suite's two workers share the 1,000 (one 3-minute test that started
+    last would end the suite alone)."""
+    machine = seed(number)(type(f"SimChaosMachineShard{number}", (SimChaosMachine,), {}))
+    machine.TestCase.settings = settings(max_examples=EXAMPLES // SHARDS, stateful_step_count=5, deadline=None)
+    return machine.TestCase
+
+
+SHARDS = 4
+TestSimChaosMachineShard0 = _shard(0)
+TestSimChaosMachineShard1 = _shard(1)
+TestSimChaosMachineShard2 = _shard(2)
+TestSimChaosMachineShard3 = _shard(3)
