@@ -12,7 +12,7 @@ lines it executed.
 
     python bench/simulator.py                       # 2,000 schedules on 2 processes
     python bench/simulator.py --schedules 10000 --coverage 200
-    python bench/simulator.py --schedules 1000000 --ledger bench/out/simulator-long.jsonl
+    python bench/simulator.py --schedules 1000000 --ledger bench/out/simulator-long.jsonl --background
 
 A long run goes in chunks of --chunk schedules; with --ledger each finished chunk is
 appended there and is not run again by the same code, so a million schedules can span
@@ -39,6 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import simulated_code  # noqa: E402
+from bench.background import lowest_priority  # noqa: E402
 from bench.outputs import output_file  # noqa: E402
 from chaos.sim.explore import Space, draw, judge  # noqa: E402
 from trainer.argtypes import Parser, non_negative_int, positive_int  # noqa: E402
@@ -273,6 +274,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a JSONL file of finished chunks: those already there for this seed and space are "
                         "not run again, each new one is appended as it ends (a million schedules span "
                         "sessions; default: none, every chunk runs)")
+    p.add_argument("--background", action="store_true",
+                   help="run at the lowest CPU priority: nice 19 for the run and its session's autogroup, "
+                        "so other work on the machine (a test suite) takes the CPUs first; Docker's "
+                        "containers are not reached (default: off, normal priority)")
     p.add_argument("--report", action="store_true",
                    help="run nothing: print what the ledger holds, per simulated code (needs --ledger)")
     args = p.parse_args(argv)
@@ -281,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.ledger is None:
             p.error("--report: needs --ledger, the file to report on")
         return report(args.ledger, args.seed, space)
+    if args.background:
+        print("background: " + "; ".join(lowest_priority()))
     chunks = run(args.seed, args.schedules, space, args.jobs, args.chunk, args.ledger)
     result = summarize(chunks, space)
     print(f"{'schedules':>10} {'chunks':>6} {'wall s':>9} {'sched/s':>8} {'sim s/wall s':>13} {'median s':>9} "
