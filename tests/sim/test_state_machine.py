@@ -26,6 +26,7 @@ PROGRESS_WINDOW = 20.0  # after a heal, a merge must come within this (simulated
 # `converged` (its learners' last steps are most of their distance from Θ).
 TAIL = Space().tail
 EXAMPLES = {"nightly": 10_000}.get(settings.get_current_profile_name(), 1_000)
+SHARDS = 4
 
 learner_ids = st.integers(1, LEARNERS)
 outages = st.integers(5, 30).map(lambda tenths: tenths / 10)
@@ -123,7 +124,6 @@ def _shard(number: int) -> type:
     return machine.TestCase
 
 
-SHARDS = 4
 TestSimChaosMachineShard0 = _shard(0)
 TestSimChaosMachineShard1 = _shard(1)
 TestSimChaosMachineShard2 = _shard(2)

@@ -31,4 +31,3 @@ def test_a_kernel_without_autogroups_is_said_and_the_process_still_niced(tmp_pat
     result = _lowest_priority_in_a_child(tmp_path / "absent" / "autogroup")
     assert result["nice"] == 19
     assert result["done"][1] == "no autogroups in this kernel: nice alone orders the CPUs"
-
