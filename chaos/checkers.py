@@ -38,7 +38,7 @@ LEARNER_IMPAIRING = NEMESES.impairing() | {EXIT}  # and a process that exited on
 # One round is what the mechanism needs at least (a merge per round; a rejoined learner
 # trains H steps, then its push waits for its peers'), plus one of slack. Measured on 26
 # healthy runs (2 cores at load averages 1-13, rounds of 0.2-17 s, cold starts of 6-41 s;
-# README, "Checks"): the longest merge gap used 43% of its allowance, the slowest healing
+# docs/checks.md): the longest merge gap used 43% of its allowance, the slowest healing
 # 69% (a chain of three syncer kills; a lone fault at most 53%, always within its recovery
 # and late wait alone), and no learner held a superseded version for more than 26%.
 GAP_ROUNDS = 2.0      # progress: rounds without a merge while enough of the cluster is up
@@ -53,7 +53,7 @@ BEHIND_ROUNDS = 3.0   # converged: rounds a learner may hold a superseded versio
 # final_loss against a fault-free reference at equal merged tokens: the largest deviation
 # of a fault-free run's loss from another's best by the same tokens, past 100k merged
 # tokens, was 0.165 (7 runs of the property suite's model, 2 learners) and 0.185 (7 of the
-# default model, 3 learners); 0.25 leaves a third on top (README, "Checks").
+# default model, 3 learners); 0.25 leaves a third on top (docs/checks.md).
 REFERENCE_MARGIN = 0.25
 
 
@@ -888,7 +888,7 @@ def check_final_loss(view: RunView, threshold: float | None = None,
     `reference` is compared as it is.
 
     REFERENCE_MARGIN is the spread of fault-free runs of one configuration at equal tokens
-    (README, "Checks"); a faulted run that merged the same tokens may end that much higher."""
+    (docs/checks.md); a faulted run that merged the same tokens may end that much higher."""
     evals = [e for e in view.events if e["kind"] == "eval"]
     if not evals:
         return Verdict("final_loss", UNKNOWN, "no evaluation of the final parameters")

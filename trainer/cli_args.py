@@ -121,7 +121,7 @@ def add_syncer_args(p: argparse.ArgumentParser) -> None:
                         "0.9; 0: no ramp (default auto)")
     g.add_argument("--max-payload", type=positive_int, default=SyncerConfig.max_payload,
                    help="frame payload cap in bytes, for authenticated connections (a HELLO carries none)")
-    a = p.add_argument_group("admission and push bounds (syncer; README: Wire)")
+    a = p.add_argument_group("admission and push bounds (syncer; docs/wire.md, docs/durability.md)")
     a.add_argument("--max-connections", type=positive_int, default=SyncerConfig.max_connections,
                    help="authenticated connections held at once; a HELLO past it is refused (default 256)")
     a.add_argument("--max-unauthenticated", type=positive_int, default=SyncerConfig.max_unauthenticated,

@@ -61,6 +61,16 @@ KINDS = {
     "unit_restart": "a learner unit starts all its ranks again after a failure",
     "unit_stop": "a learner unit is exiting (reason)",
     "eval": "validation loss of parameters",
+    "pull": "a learner fetched a fragment's global version (fragment, version, wire_bytes, encoding)",
+    "push_deferred": "a learner holds its head push back for a while (reason, detail, retry_in)",
+    "final_params": "a learner's parameters at a clean stop, per fragment (its distance from Θ)",
+    "task_error": "a user's task raised (task, method, error, position)",
+    "merge_failed": "a merge could not be made durable; the fragment is retried (fragment, reason)",
+    "storage_error": "a write or sync of the syncer's state failed (what, detail, sync_failed)",
+    "disk_failed": "a failed sync: the syncer refuses every push and exits for a restart that reads the state back",
+    "global_eval": "Θ's held-out loss, sampled by the syncer off the merge path (versions, loss)",
+    "restart_failed": "the harness's supervisor could not restart a process (target, error)",
+    "exit": "the harness's supervisor saw a process exit on its own (target, exit_code, lived)",
 }
 
 

@@ -12,7 +12,7 @@ has seen:
   wall clock enters it. So a wall-clock step can neither grant a burst of steps (a jump
   forward adds nothing) nor lock a learner out (a jump back takes nothing away, and the
   age never decreases). A syncer restarted on another machine or after a reboot credits
-  no downtime: at the default 2000 steps/s the budget an incarnation has accumulated
+  no downtime: at the default 20000 steps/s the budget an incarnation has accumulated
   covers any honest learner's steps meanwhile.
 - `tokens` ≤ steps × --max-step-tokens, and `step_tokens` ≤ --max-step-tokens.
 - `seq`, `position`, `incarnation` < 2^53 (wire.header_int); `base_version` ≤ the
