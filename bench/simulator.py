@@ -59,6 +59,7 @@ def one(args: tuple[int, int, Space]) -> dict:
     started = time.perf_counter()
     outcome = judge(schedule, space)
     return {"index": index, "seconds": time.perf_counter() - started, "failed": outcome.failed,
+            "unknown": outcome.unknown,
             "simulated": schedule.horizon + space.tail, "faults": len(schedule.faults)}
 
 
@@ -118,11 +119,16 @@ def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dic
     wall = time.perf_counter() - began
     per = sorted(r["seconds"] for r in rows)
     failed = [{"index": r["index"], "checks": r["failed"]} for r in rows if r["failed"]]
+    unknown: dict[str, int] = {}
+    for r in rows:
+        for name in r["unknown"]:
+            unknown[name] = unknown.get(name, 0) + 1
     return {"seed": seed, "start": start, "count": count, "space": space_key(space), "jobs": jobs,
             "commit": COMMIT, "code": CODE, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_seconds": round(wall, 3), "simulated_seconds": round(sum(r["simulated"] for r in rows), 1),
             "faults": sum(r["faults"] for r in rows), "median_s": per[len(per) // 2],
-            "p99_s": per[int(len(per) * 0.99)], "max_s": per[-1], "violations": len(failed), "failed": failed[:20]}
+            "p99_s": per[int(len(per) * 0.99)], "max_s": per[-1], "violations": len(failed), "failed": failed[:20],
+            "unknown": dict(sorted(unknown.items()))}
 
 
 def read_ledger(path: Path, seed: int, space: Space) -> dict[tuple[int, int], dict]:
@@ -176,6 +182,10 @@ def summarize(chunks: list[dict], space: Space) -> dict:
     count = sum(c["count"] for c in chunks)
     simulated = sum(c["simulated_seconds"] for c in chunks)
     failed = [f for c in chunks for f in c["failed"]]
+    unknown: dict[str, int] = {}
+    for c in chunks:
+        for name, n in c.get("unknown", {}).items():
+            unknown[name] = unknown.get(name, 0) + n
     return {"schedules": count, "jobs": sorted({c["jobs"] for c in chunks}), "seed": chunks[0]["seed"],
             "chunks": len(chunks), "commits": sorted({c["commit"] for c in chunks}),
             "wall_seconds": round(wall, 2), "schedules_per_second": round(count / wall, 2),
@@ -186,7 +196,11 @@ def summarize(chunks: list[dict], space: Space) -> dict:
             "chunk_rates": {"min": round(min(c["count"] / c["wall_seconds"] for c in chunks), 2),
                             "max": round(max(c["count"] / c["wall_seconds"] for c in chunks), 2)},
             "faults": sum(c["faults"] for c in chunks), "violations": sum(c["violations"] for c in chunks),
-            "failed": failed[:20], "space": space_key(space)}
+            "failed": failed[:20], "space": space_key(space),
+            # Checks that could not judge a schedule (a required one fails it instead), over the
+            # schedules of chunks that recorded them (a ledger's older chunks did not).
+            "unknown": dict(sorted(unknown.items())),
+            "unknown_recorded": sum(c["count"] for c in chunks if "unknown" in c)}
 
 
 def executable_lines(path: Path) -> set[int]:
@@ -249,14 +263,15 @@ def report(ledger: Path, seed: int, space: Space) -> int:
         if chunk.get("seed") == seed and chunk.get("space") == key:
             by_code.setdefault(chunk_code(chunk), []).append(chunk)
     print(f"{'code':<14} {'commits':<18} {'schedules':>10} {'wall h':>7} {'sched/s':>8} {'sim s/wall s':>13} "
-          f"{'p99 s':>7} {'violations':>11}  first failing schedules")
+          f"{'p99 s':>7} {'violations':>11} {'unknown':>8}  first failing schedules")
     for code, chunks in by_code.items():
         r = summarize(chunks, space)
         failed = ", ".join(f"{f['index']} ({'/'.join(f['checks'])})" for f in r["failed"][:5]) or "-"
         mark = " (this checkout)" if code == CODE else ""
+        unknown = str(sum(r["unknown"].values())) if r["unknown_recorded"] else "-"
         print(f"{code:<14} {','.join(r['commits']):<18} {r['schedules']:>10} {r['wall_seconds'] / 3600:>7.2f} "
               f"{r['schedules_per_second']:>8.2f} {r['speedup']:>13.1f} {r['per_schedule_p99_s']:>7.3f} "
-              f"{r['violations']:>11}  {failed}{mark}")
+              f"{r['violations']:>11} {unknown:>8}  {failed}{mark}")
     return 0
 
 
@@ -297,6 +312,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['per_schedule_p99_s']:>7.3f} {result['violations']:>11}")
     print(f"processes {result['jobs']}, commits {', '.join(result['commits'])}, chunk rates "
           f"{result['chunk_rates']['min']}-{result['chunk_rates']['max']}/s")
+    if result["unknown"]:
+        print("checks that could not judge some schedules: " + ", ".join(
+            f"{name} in {n}" for name, n in result["unknown"].items()))
     for f in result["failed"]:
         print(f"  schedule {f['index']} failed {', '.join(f['checks'])}: python -m chaos explore replays it")
     if args.coverage:

@@ -100,6 +100,7 @@ def explore_main(argv: list[str]) -> int:
                    help="sim: the deterministic simulator; local: every schedule a live cluster of processes on "
                         "this machine (30-60 s each, one at a time)")
     p.add_argument("--json", action="store_true", help="print one JSON object: schedules, violations, seconds, "
+                                                       "unknown (check -> schedules it could not judge), "
                                                        "first_failure")
     args = p.parse_args(argv)
     kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
@@ -124,6 +125,9 @@ def explore_main(argv: list[str]) -> int:
     else:
         print(f"explored {report['schedules']} schedule(s) in {report['seconds']:.1f} s "
               f"({report['schedules_per_second']:.1f}/s), {report['violations']} violation(s)")
+        if report["unknown"]:
+            print("checks that could not judge some schedules (they did not pass them): " + ", ".join(
+                f"{name} in {n}" for name, n in report["unknown"].items()))
         failure = report["first_failure"]
         if failure:
             print(f"first failure: schedule {failure['index']} failed {', '.join(failure['original_failed'])}; "

@@ -26,7 +26,7 @@ from faults.schedule import ScheduleError
 from trainer import defects
 
 from ..runner import TAIL_SECONDS as TAIL
-from ..checkers import RunView
+from ..checkers import UNKNOWN, RunView, Verdict, failing
 from ..runner import check_events, evaluate_run, run_schedule
 from .world import SimSettings, simulate
 
@@ -55,8 +55,19 @@ class Space:
 
 @dataclass
 class Outcome:
+    """A schedule's judgment, as a live run's verdict reads its checks: `failed` holds every
+    check that failed and every required one that answered unknown (it fails a live run
+    too); `unknown` the other checks that could not judge this run."""
     failed: list[str]
     details: dict[str, str] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, verdicts: list[Verdict]) -> "Outcome":
+        bad = failing(verdicts)
+        return cls([v.name for v in bad],
+                   {v.name: v.detail if v.status != UNKNOWN else f"unknown, and required: {v.detail}" for v in bad},
+                   [v.name for v in verdicts if v.status == UNKNOWN and v not in bad])
 
 
 def _tenths(x: float) -> float:
@@ -113,9 +124,7 @@ def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome
         world = simulate(schedule, MEMORY_RUN_DIR, SimSettings(learners=space.learners,
                                                                duration=schedule.horizon + space.tail), memory=True)
         # No state dir on a real disk (the syncer's is on the SimDisk), as for a run directory.
-        verdicts = check_events(RunView(world.events(), world.history_entries(), state_dir=None))
-        return Outcome([v.name for v in verdicts if v.status == "fail"],
-                       {v.name: v.detail for v in verdicts if v.status == "fail"})
+        return Outcome.of(check_events(RunView(world.events(), world.history_entries(), state_dir=None)))
     where = Path(tempfile.mkdtemp(prefix="islands-sim-")) if keep is None else keep
     run_dir = where / "run" if keep is None else keep
     if keep is not None and keep.exists():
@@ -128,29 +137,42 @@ def judge(schedule: Schedule, space: Space, keep: Path | None = None) -> Outcome
         else:
             simulate(schedule, run_dir, SimSettings(learners=space.learners, duration=schedule.horizon + space.tail))
             result = evaluate_run(run_dir, space.learners, None, "markov", True, None)
-        failed = [v.name for v in result.verdicts if v.status == "fail"]
-        return Outcome(failed, {v.name: v.detail for v in result.verdicts if v.status == "fail"})
+        return Outcome.of(result.verdicts)
     finally:
         if keep is None:
             shutil.rmtree(where, ignore_errors=True)
 
 
-def _judge_index(args: tuple[int, int, Space]) -> tuple[int, list[str]]:
+def _judge_index(args: tuple[int, int, Space]) -> tuple[int, Outcome]:
     seed, index, space = args
-    return index, judge(draw(seed, index, space), space).failed
+    return index, judge(draw(seed, index, space), space)
 
 
-def search(seed: int, count: int, space: Space, jobs: int) -> tuple[int, int | None, list[str]]:
-    """(schedules run, the index of the first failing one or None, the checks it failed),
-    in draw order whatever the number of processes."""
+@dataclass
+class Search:
+    """What a search found: the schedules run, the first failing one (None: none failed)
+    and the checks it failed, and how often each check could not judge a schedule (a space
+    too short for a check to judge is then visible, where it would only pass)."""
+    ran: int
+    first: int | None
+    failed: list[str]
+    unknown: dict[str, int]
+
+
+def search(seed: int, count: int, space: Space, jobs: int) -> Search:
+    """Schedules 0..count-1 of `seed`, judged in draw order whatever the number of
+    processes, up to the first that fails."""
     tasks = ((seed, i, space) for i in range(count))
+    unknown: dict[str, int] = {}
     pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
     try:
         results = pool.imap(_judge_index, tasks, chunksize=4) if pool is not None else map(_judge_index, tasks)
-        for i, (index, failed) in enumerate(results):
-            if failed:
-                return i + 1, index, failed
-        return count, None, []
+        for i, (index, outcome) in enumerate(results):
+            for name in outcome.unknown:
+                unknown[name] = unknown.get(name, 0) + 1
+            if outcome.failed:
+                return Search(i + 1, index, outcome.failed, unknown)
+        return Search(count, None, [], unknown)
     finally:
         if pool is not None:
             pool.terminate()
@@ -259,9 +281,10 @@ def explore(count: int, seed: int, space: Space, out: Path, jobs: int | None = N
     started = time.monotonic()
     # Live clusters take every core they can get: one at a time.
     jobs = 1 if space.backend != "sim" else jobs or max(1, min(2, os.cpu_count() or 1))
-    ran, first, first_failed = search(seed, count, space, jobs)
+    found = search(seed, count, space, jobs)
+    ran, first, first_failed = found.ran, found.first, found.failed
     report: dict = {"schedules": ran, "violations": 0 if first is None else 1, "seed": seed, "jobs": jobs,
-                    "backend": space.backend,
+                    "backend": space.backend, "unknown": dict(sorted(found.unknown.items())),
                     "first_failure": None}
     if first is not None:
         original = draw(seed, first, space)

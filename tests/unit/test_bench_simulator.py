@@ -24,7 +24,8 @@ def fake_chunk(ran: list[tuple[int, int]]):
                 "commit": sim.COMMIT, "code": sim.CODE, "finished": "now", "wall_seconds": count / 50, "simulated_seconds": 20.0 * count,
                 "faults": count, "median_s": 0.04, "p99_s": 0.07, "max_s": 0.1,
                 "violations": 1 if start == 20 else 0,
-                "failed": [{"index": start + 3, "checks": ["no_lost_acks"]}] if start == 20 else []}
+                "failed": [{"index": start + 3, "checks": ["no_lost_acks"]}] if start == 20 else [],
+                **({"unknown": {"progress": 2}} if start == 10 else {} if start == 0 else {"unknown": {}})}
     return run_chunk
 
 
@@ -129,6 +130,8 @@ def test_the_summary_adds_chunks_up_and_keeps_their_failures(monkeypatch):
     assert result["schedules_per_second"] == 50.0 and result["speedup"] == 1000.0
     assert result["violations"] == 1 and result["failed"] == [{"index": 23, "checks": ["no_lost_acks"]}]
     assert result["commits"] == [sim.COMMIT]
+    # The first chunk is an older one that did not record the checks left unknown.
+    assert result["unknown"] == {"progress": 2} and result["unknown_recorded"] == 20
     json.dumps(result)
 
 
@@ -147,4 +150,6 @@ def test_the_report_sums_the_ledger_per_code_and_names_failing_schedules(tmp_pat
     assert sim.main(["--report", "--ledger", str(ledger)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1].split()[:3] == [sim.CODE, sim.COMMIT, "30"] and "23 (no_lost_acks)" in out[1]
+    assert out[0].split()[-4:] == ["unknown", "first", "failing", "schedules"] 
+    assert out[1].split()[7:9] == ["1", "2"]  # violations, unknown
     assert out[1].endswith("(this checkout)")
