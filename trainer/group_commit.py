@@ -47,13 +47,17 @@ COMMIT_TIMEOUT = 60.0  # a waiter gives up (and does not acknowledge) after this
 
 @dataclass
 class Staged:
-    """One push's write-ahead file, written to `tmp` but not yet durable, and its acceptance
-    in memory (`apply`, run under the owner's lock by the commit that makes it durable)."""
+    """One push's write-ahead file, written to `tmp` but not yet durable, and what its
+    outcome does in memory, under the owner's lock: `apply` once a commit made it durable,
+    `abandon` once it is certain it never will be (its group failed, or its waiter gave up
+    before a commit took it). Whoever decides the outcome runs one of them, exactly once: a
+    waiter that gives up while its group is being written leaves the outcome to that group."""
 
     tmp: Path
     final: Path
     apply: Callable[[], None]
     renamed: bool = False
+    abandon: Callable[[], None] | None = None
 
 
 @dataclass
@@ -70,6 +74,11 @@ class CommitStats:
 
     groups: int = 0
     files: int = 0
+
+
+class StillCommitting(TimeoutError):
+    """A waiter gave up while the group that holds its file is being written: the file may
+    yet become durable, and that group's outcome applies or abandons it."""
 
 
 class DiskFailed(OSError):
@@ -131,14 +140,27 @@ class GroupCommit:
                     continue
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    if request in self._queue:
-                        self._queue.remove(request)
-                        _discard(request.staged, self.storage)
-                    raise TimeoutError(f"group commit: not durable within {timeout:.0f} s")
+                    if request not in self._queue:
+                        # A commit holds it: the file may yet be durable (and applied); that
+                        # commit decides, so nothing is released here.
+                        raise StillCommitting(f"group commit: not durable within {timeout:.0f} s; its group "
+                                              "is still being written")
+                    self._queue.remove(request)
+                    break
                 self._cond.wait(left)
+        if not request.done:  # given up before any commit took it: it never will be durable
+            _discard(request.staged, self.storage)
+            self._abandon([request.staged] if request.staged is not None else [])
+            raise TimeoutError(f"group commit: not durable within {timeout:.0f} s")
         if request.error is not None:
             raise request.error
         return request.group
+
+    def _abandon(self, staged: list[Staged]) -> None:
+        with self.lock():
+            for s in staged:
+                if s.abandon is not None:
+                    s.abandon()
 
     def _run(self, batch: list[_Request]) -> None:
         """Lead one commit for `batch`; every request in it ends done, with an error if its part failed."""
@@ -161,6 +183,7 @@ class GroupCommit:
             error = self._note(exc)
             for s in staged:
                 _discard(s, store)
+            self._abandon(staged)
         if error is None:
             try:
                 with self.lock():

@@ -79,6 +79,7 @@ class Reason(StrEnum):
     # learner keeps it and sends it again, under the same id, after a backoff.
     STORAGE_FULL = "storage_full"    # ENOSPC or EDQUOT: no space for the push's file
     STORAGE_IO = "storage_io"        # EIO or another disk error, or a failed sync earlier
+    IN_FLIGHT = "in_flight"          # a retry of a push whose first attempt is still being stored
     # A pending push that cannot be merged (syncer/core.py, quarantine.py).
     MERGE_ERROR = "merge_error"
     NONFINITE_MERGE = "nonfinite_merge"
@@ -97,7 +98,7 @@ _CLOSING = frozenset({Reason.BAD_MAGIC, Reason.BAD_VERSION, Reason.OVERSIZED, Re
                       Reason.BAD_IDENTITY, Reason.INTERNAL})
 
 # A learner that hears one of these keeps its push and retries it after a backoff.
-RETRY_LATER_REASONS = frozenset({Reason.STORAGE_FULL, Reason.STORAGE_IO})
+RETRY_LATER_REASONS = frozenset({Reason.STORAGE_FULL, Reason.STORAGE_IO, Reason.IN_FLIGHT})
 
 # A learner that hears one of these cannot do better by retrying: it stops.
 FATAL_REASONS = frozenset({Reason.MODE_MISMATCH, Reason.BAD_LEARNER, Reason.BAD_IDENTITY})

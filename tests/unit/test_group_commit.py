@@ -206,3 +206,99 @@ def test_a_waiter_gives_up_after_its_timeout_and_its_file_is_removed(tmp_path):
     release.set()
     leader.join(WAIT)
     assert applied == ["lead"]
+
+
+def _with_outcomes(s, outcomes: list[str], name: str):
+    """Record the staged push's outcome callbacks (apply, abandon) by name."""
+    applied = s.apply
+
+    def apply() -> None:
+        applied()
+        outcomes.append(f"apply {name}")
+    s.apply = apply
+    s.abandon = lambda: outcomes.append(f"abandon {name}")
+    return s
+
+
+def test_a_waiter_that_gives_up_before_any_commit_took_it_is_abandoned_once(tmp_path):
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(paths, root):
+        entered.set()
+        release.wait(WAIT)
+    gc = make(tmp_path, {}, storage=HookedSync(stuck))
+    applied: list[str] = []
+    outcomes: list[str] = []
+    leader = threading.Thread(target=lambda: gc.commit(staged(tmp_path, "lead", applied)))
+    leader.start()
+    assert entered.wait(WAIT)
+    late = _with_outcomes(staged(tmp_path, "late", applied), outcomes, "late")
+    with pytest.raises(TimeoutError, match="not durable within"):
+        gc.commit(late, timeout=0.2)
+    assert outcomes == ["abandon late"]
+    release.set()
+    leader.join(WAIT)
+    assert outcomes == ["abandon late"] and applied == ["lead"]
+
+
+@pytest.mark.parametrize("group_fails", [False, True])
+def test_a_waiter_that_gives_up_while_its_group_is_written_leaves_the_outcome_to_the_group(tmp_path, group_fails):
+    """A push whose wait ends while a commit holds its file may yet be durable: the waiter
+    must not release it (a retry would be accepted beside it, and both applied); the group
+    applies it, or abandons it if it fails."""
+    from trainer.group_commit import StillCommitting
+
+    syncs: list[int] = []
+    first_entered, release_first = threading.Event(), threading.Event()
+    second_entered, release_second = threading.Event(), threading.Event()
+
+    def hook(paths, root):
+        syncs.append(len(paths))
+        if len(syncs) == 1:
+            first_entered.set()
+            assert release_first.wait(WAIT)
+        else:
+            second_entered.set()
+            assert release_second.wait(WAIT)
+            if group_fails:
+                raise OSError(errno.EIO, "planted")
+    gc = make(tmp_path, {}, storage=HookedSync(hook))
+    applied: list[str] = []
+    outcomes: list[str] = []
+    results: dict[str, object] = {}
+
+    def commit(name: str, timeout: float) -> None:
+        s = _with_outcomes(staged(tmp_path, name, applied), outcomes, name)
+        try:
+            results[name] = gc.commit(s, timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            results[name] = exc
+    lead = threading.Thread(target=commit, args=("lead", WAIT))
+    lead.start()
+    assert first_entered.wait(WAIT)
+    waiters = [threading.Thread(target=commit, args=(name, 1.0)) for name in ("b", "c")]
+    for t in waiters:
+        t.start()
+    poll = threading.Event()
+    for _ in range(int(WAIT / 0.01)):
+        with gc._cond:
+            if len(gc._queue) == 2:
+                break
+        poll.wait(0.01)
+    release_first.set()  # b and c go out together, one of them leading
+    assert second_entered.wait(WAIT)
+    for _ in range(int(WAIT / 0.01)):
+        if any(isinstance(r, StillCommitting) for r in results.values()):
+            break
+        poll.wait(0.01)
+    gave_up = [n for n, r in results.items() if isinstance(r, StillCommitting)]
+    assert len(gave_up) == 1, f"one of b, c leads and the other gives up while it writes: {results}"
+    assert not any(o.endswith(gave_up[0]) for o in outcomes), "released while its group was still being written"
+    release_second.set()
+    for t in (lead, *waiters):
+        t.join(WAIT)
+    other = ({"b", "c"} - set(gave_up)).pop()
+    expected = "abandon" if group_fails else "apply"
+    assert sorted(o for o in outcomes if o != "apply lead") == sorted([f"{expected} b", f"{expected} c"])
+    assert isinstance(results[other], OSError) if group_fails else results[other] == 2

@@ -5,13 +5,16 @@ stepped wall clock, and checks the rule the syncer now keeps (docs/durability.md
 from __future__ import annotations
 
 import errno
+import threading
 import time
 
 import pytest
 
-from tests.unit.syncer_rig import H, Rig, poll_until, push_frame, wait_until
+from tests.unit.syncer_rig import H, Rig, merged_ids, poll_until, push_frame, wait_until
 from trainer import wire
 from trainer.simdisk import SimDisk
+
+WAIT = 10.0  # every wait on a test thread is bounded by this
 
 
 def disk_for(r: Rig) -> SimDisk:
@@ -150,3 +153,53 @@ def _tiny_threads():
     import torch
     torch.set_num_threads(1)
     yield
+
+
+class HeldSyncDisk(SimDisk):
+    """A SimDisk whose next group sync waits to be released, then succeeds or fails (a plain
+    EIO, which does not mark the disk failed): a slow disk under a learner's deadline."""
+
+    def __init__(self, roots: tuple[str, ...]) -> None:
+        super().__init__(roots=roots)
+        self.hold, self.entered, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.fail_held = False
+
+    def sync_files(self, paths, root) -> None:
+        if self.hold.is_set():
+            self.hold.clear()
+            self.entered.set()
+            assert self.release.wait(WAIT), "the test never released the held sync"
+            if self.fail_held:
+                raise OSError(errno.EIO, "planted: the first attempt's group fails")
+        super().sync_files(paths, root)
+
+
+@pytest.mark.parametrize("first_attempt", ["lands", "fails"])
+def test_a_retry_while_the_first_attempt_is_stored_is_in_flight_not_a_duplicate(rig: Rig, first_attempt: str) -> None:
+    """Finding (a review of the group commit): a learner whose deadline passed while its
+    push's group was still being written sent it again and heard "duplicate", which it
+    takes as the acknowledgement; when that group then failed, the push was lost. The
+    retry now hears "in flight" until the first attempt's group ends: then it is a
+    duplicate of a durable push, or accepted anew, and merged exactly once either way."""
+    disk = HeldSyncDisk((str(rig.state_dir.parent),))
+    s = rig.start(storage=disk)
+    first, retry = rig.client(s), rig.client(s)
+    first.hello(1, "n")
+    push = push_frame(1, 1, 7, rig.delta(s, 7))
+    disk.hold.set()
+    answers: list[wire.Frame] = []
+    sender = threading.Thread(target=lambda: answers.append(first.send(push)))
+    sender.start()
+    assert disk.entered.wait(WAIT), "the first attempt never reached its group's sync"
+    retry.hello(1, "n")  # the learner reconnected: the same incarnation
+    busy = retry.send(push)
+    assert busy.type == wire.ERROR and busy.header["reason"] == "in_flight", busy.header
+    disk.fail_held = first_attempt == "fails"
+    disk.release.set()
+    sender.join(WAIT)
+    assert not sender.is_alive()
+    again = retry.send(push)
+    assert again.type == wire.ACK, again.header
+    assert again.header["status"] == ("duplicate" if first_attempt == "lands" else "accepted")
+    wait_until(s, lambda: s.frags[0].version >= 1, "the push's merge")
+    assert merged_ids(rig.events("merge")).count("1:1:7") == 1

@@ -579,6 +579,12 @@ class SyncerCore:
         if req.base_version > frag.version:
             raise ProtocolError(Reason.OUT_OF_BOUNDS, f"base_version={req.base_version} is ahead of fragment "
                                                       f"{req.index}'s version {frag.version}")
+        if ident in frag.reserved:
+            # Its first attempt's file is still being written (a learner whose deadline passed
+            # sent it again): "duplicate" would acknowledge a push that may not become durable.
+            self.counters["in_flight_retries"] += 1
+            raise ProtocolError(Reason.IN_FLIGHT, f"push {ident}: its first attempt is still being stored; "
+                                                  "send it again later")
         known = frag.known(ident)
         if not known:
             elapsed = m.elapsed(self.monotonic())
@@ -592,7 +598,7 @@ class SyncerCore:
         if is_stale(frag.version, req.base_version, self.cfg.max_staleness):
             self.counters["dropped_stale"] += 1
             return PushTicket(req, Status.STALE, frag.version)
-        frag.merging.add(ident)  # reserve the id while its file is written
+        frag.reserved.add(ident)  # reserve the id while its file is written
         m.claimed[req.index] = m.claimed.get(req.index, 0) + req.steps
         self.norms[req.index].note(req.per_round_norm)
         meta = {"fragment": req.index, "learner": req.learner, "incarnation": req.incarnation, "seq": req.seq,
@@ -605,10 +611,14 @@ class SyncerCore:
         """An accepted push's file is durable and in place: it enters memory. The id moves
         from reserved to pending in one step: a retry never finds it in neither."""
         req, frag = ticket.request, self.frags[ticket.request.index]
-        frag.merging.discard(req.ident)
+        frag.reserved.discard(req.ident)
         # The next merge of this fragment will include this push: the one after a merge being
         # written now, which took its pushes before this one arrived.
         ticket.version = frag.version + (1 if frag.writing else 0)
+        if frag.known(req.ident) and self.defect != "double_apply":
+            # Durable under this id already (two attempts' files, at one path): entered once.
+            self.counters["durable_again"] += 1
+            return
         accepted_at = self.monotonic()
         contribution = Contribution(req.learner, req.incarnation, req.seq, req.tokens, req.base_version, req.delta,
                                     req.steps)
@@ -624,9 +634,15 @@ class SyncerCore:
         self.changes += 1
 
     def push_failed(self, ticket: PushTicket) -> None:
-        """An accepted push's write failed: its reserved id is released (the learner keeps it
-        and retries)."""
-        self.frags[ticket.request.index].merging.discard(ticket.request.ident)
+        """An accepted push's write failed, or will never be durable: its reserved id is
+        released (the learner keeps it and retries)."""
+        self.frags[ticket.request.index].reserved.discard(ticket.request.ident)
+
+    def still_storing(self, ticket: PushTicket, detail: str) -> ProtocolError:
+        """The refusal of a push whose write outlived its wait: its group decides, and the
+        learner retries the same id later (then a duplicate, or accepted anew)."""
+        self.counters["store_waits_given_up"] += 1
+        return ProtocolError(Reason.IN_FLIGHT, f"push {ticket.request.ident}: {detail}")
 
     def push_answer(self, ticket: PushTicket, nbytes: int = 0, group: int = 0) -> wire.Message:
         """The ACK of a decided push (an accepted one once durable), and its event."""
@@ -742,6 +758,8 @@ class SyncerCore:
     def due(self, frag: FragmentState, now: float) -> Decision | None:
         """The decision to merge this fragment now, or None (and when to ask again is noted
         in recheck_at). Call begin_pass first: recheck_at is the earliest of one pass."""
+        if frag.writing:  # its merge is being written (off the lock): one at a time
+            return None
         decision = self.decide(frag, now)
         if not decision.reason:
             self.recheck_at = earliest(self.recheck_at, decision.recheck_at)
@@ -763,8 +781,10 @@ class SyncerCore:
                          error=describe_error(exc) if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}")
 
     def final_merges(self) -> list[FragmentState]:
-        """At stop: the fragments with pushes still pending, merged before the final state."""
-        return [f for f in self.frags if f.pending]
+        """At stop: the fragments with pushes still pending, merged before the final state.
+        Never one whose merge is being written: two merges of one version would each leave
+        the other's pushes out of the ledger (what stays pending is durable, merged after a restart)."""
+        return [f for f in self.frags if f.pending and not f.writing]
 
     def _step(self, frag: FragmentState, contribs: list[Contribution], final: bool = False) -> OuterStep:
         return self.stepper.step(frag, contribs, [m.learner for m in self.members.weighed()], self.step_tokens,
@@ -822,7 +842,14 @@ class SyncerCore:
             counted = {m.learner for m in self.members.weighed()}
             taken = [p for p in taken if p.contribution.learner in counted]
         frag.merging.update(p.contribution.ident for p in taken)
-        step, taken = self._mergeable_step(frag, taken, final)
+        try:
+            step, taken = self._mergeable_step(frag, taken, final)
+        except BaseException:
+            # A quarantine could not be written: what it had not moved aside stays pending.
+            back = [p for p in taken if p.contribution.ident in frag.merging]
+            frag.merging.difference_update(p.contribution.ident for p in back)
+            frag.pending = back + frag.pending
+            raise
         if step is None:
             return None
         params = step.params

@@ -30,7 +30,10 @@ class FragmentState:
     applied: list[str] = field(default_factory=list)
     applied_set: set[str] = field(default_factory=set)
     pending: list[PendingPush] = field(default_factory=list)
-    merging: set[str] = field(default_factory=set)
+    merging: set[str] = field(default_factory=set)  # ids taken by a merge being planned or written
+    # Ids whose file is being written and is not durable yet: not known (a retry is told it is
+    # in flight, never that it is a duplicate, since the write may still fail).
+    reserved: set[str] = field(default_factory=set)
     merge_times: list[float] = field(default_factory=list)
     accum: dict[str, torch.Tensor] = field(default_factory=dict)  # delayed Nesterov: Σ Δ since the last momentum step
     accum_count: int = 0                                          # ... and how many Δs that is

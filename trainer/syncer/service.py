@@ -32,7 +32,7 @@ from ..clock import boot_stamp
 from ..config import SyncerConfig, TrainConfig
 from ..events import EventLog
 from ..global_eval import GlobalEvaluator, HeldOut, Snapshot
-from ..group_commit import GroupCommit, write_staged
+from ..group_commit import GroupCommit, StillCommitting, write_staged
 from ..merge_rule import earliest
 from ..protocol import FrameType, ProtocolError, Reason
 from ..signals import stop_on_signals
@@ -43,6 +43,7 @@ from .fragment_state import FragmentState
 from .outer_step import relative_change
 
 REPLY_DEADLINE = 30.0
+FINAL_WRITE_WAIT = 30.0  # stop(): how long a merge still being written is waited for
 # The syncer exits so after a failed sync (or a disk it cannot read at start), for a restart
 # that reads its state back from disk; supervisors restart it (EX_TEMPFAIL).
 DISK_FAILED_EXIT = 75
@@ -213,6 +214,11 @@ class Syncer:
             self.cond.notify_all()
         for t in self._threads:
             t.join(timeout=5.0)
+        with self.cond:  # a merge thread that outlived its join may still be writing a fragment
+            if not self.cond.wait_for(lambda: not any(f.writing for f in self.frags), timeout=FINAL_WRITE_WAIT):
+                writing = [f.spec.index for f in self.frags if f.writing]
+                print(f"syncer: fragment(s) {writing} still being written after {FINAL_WRITE_WAIT:g} s: not merged "
+                      "again at stop (their pending pushes are durable, merged after a restart)", file=sys.stderr)
         if self.disk_failed.is_set():  # nothing more is written to a disk that failed a sync
             self._stopped(reason)
             return
@@ -472,29 +478,36 @@ class Syncer:
                         self.core.push_durable(ticket)
                 else:
                     nbytes, group = self._store_push(ticket)
-            except BaseException as exc:
-                with self.cond:
-                    self.core.push_failed(ticket)
-                if isinstance(exc, OSError):  # the disk's, not the learner's: refused, kept by the learner
-                    self._storage_error(exc, f"push {ticket.request.ident}")
-                    raise self.core.not_stored(exc, f"push {ticket.request.ident}") from exc
-                raise
+            except StillCommitting as exc:
+                # Its group may yet make it durable: the id stays reserved until that group
+                # ends, and a retry meanwhile hears "in flight", never "duplicate".
+                raise self.core.still_storing(ticket, str(exc)) from exc
+            except OSError as exc:  # the disk's, not the learner's: refused, kept by the learner
+                self._storage_error(exc, f"push {ticket.request.ident}")
+                raise self.core.not_stored(exc, f"push {ticket.request.ident}") from exc
         with self.cond:
             return self.core.push_answer(ticket, nbytes, group)
 
     def _store_push(self, ticket: PushTicket) -> tuple[int, int]:
         """Write an accepted push's file and commit it with its group; the core enters it
-        in memory under the lock once it is durable. (bytes written, commit group)"""
+        in memory under the lock once it is durable, or releases its reserved id once it
+        never will be (the commit decides which: group_commit.Staged). (bytes written, commit group)"""
         assert ticket.path is not None
-        with self._tensor_work:
-            head, body = with_metadata(ticket.request.payload, ticket.meta)
-            staged = write_staged(ticket.path, head, body, storage=self.store.storage)
+        try:
+            with self._tensor_work:
+                head, body = with_metadata(ticket.request.payload, ticket.meta)
+                staged = write_staged(ticket.path, head, body, storage=self.store.storage)
+        except BaseException:
+            with self.cond:
+                self.core.push_failed(ticket)
+            raise
 
         def accept() -> None:
             self.core.push_durable(ticket)
             self.cond.notify_all()
 
         staged.apply = accept
+        staged.abandon = lambda: self.core.push_failed(ticket)
         group = self.durability.commit(staged)
         return len(head) + len(body), group
 
