@@ -43,7 +43,7 @@ from .events import EventLog
 from .fragments import FragmentClock, fragment_distance, fragment_norm
 from .link import FATAL_REASONS, TRANSIENT, Address, Link, Refusal
 from .protocol import FrameFault, Reason
-from .push_protocol import BACKOFF_MAX, POLL_FLOOR_MS, PushProtocol, Refused, poll_ms  # noqa: F401
+from .push_protocol import BACKOFF_MAX, POLL_FLOOR_MS, PushProtocol, Refused, backoff, poll_ms  # noqa: F401
 from .task import BUILTIN_TASKS, CheckedTask, TaskError, load_task, move_batch, resolve_spec
 from .pushes import OutgoingPush, PushQueue
 from .cpuwait import CpuWait
@@ -105,7 +105,10 @@ class Learner:
         name = f"learner-{opts.learner}" if opts.leader else f"learner-{opts.learner}-rank-{opts.rank}"
         self.events = EventLog(opts.run_dir, name, learner=opts.learner)
         self.group: Group = SoloGroup()
+        # Once `stop` is set a connect makes one attempt, not a series: the network loop, which
+        # goes on until the drain ends, backs off between them.
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
+        self.failures_in_a_row = 0  # failed network attempts since the last success (the backoff grows with it)
         # Which versions to pull and adopt, when a push may go (adoption.py): the network
         # thread and the inner loop share it under _versions_lock.
         self.book = VersionBook.starting_at([])
@@ -455,7 +458,13 @@ class Learner:
                 # goes on heartbeating and pulling: a backoff must not cost the learner its lease.
                 deferred = item is not None and self.pushes.deferred(time.monotonic())
                 if item is not None and not deferred:
-                    self._send_push(item)
+                    try:
+                        self._send_push(item)
+                    except Refusal as exc:
+                        if self._refused(exc, about_push=True):
+                            return
+                        continue
+                    self.failures_in_a_row = 0
                     # With P fragments a push falls due every H/P steps and the queue is rarely
                     # empty: pulling only when idle would starve adoption.
                     self._pull_new_versions()
@@ -467,27 +476,47 @@ class Learner:
                     beat = self.link.request(wire.message(wire.HEARTBEAT, poll))
                     self._note_versions(beat.header.get("versions"))
                 self._pull_new_versions()
+                self.failures_in_a_row = 0
                 due = heartbeat_due(self.link, self.cfg.heartbeat_interval)
                 if deferred:
-                    self.stop.wait(max(0.0, min(due, self.pushes.retry_at) - time.monotonic()))
+                    # Not `stop`: once it is set (a SIGTERM) the thread still drains the last pushes.
+                    self.drain_over.wait(max(0.0, min(due, self.pushes.retry_at) - time.monotonic()))
                 elif known is None:
                     self.queue.wait(max(0.0, due - time.monotonic()))
             except Refusal as exc:
-                with self._versions_lock:
-                    outcome = self.pushes.refused(exc.reason, exc.detail)
-                if outcome is Refused.FATAL:
-                    self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
-                    self.stop.set()
+                if self._refused(exc, about_push=False):
                     return
-                if outcome is Refused.DEFERRED:  # the syncer's disk: the push is kept, sent again, same id
-                    continue
-                if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
-                    self.link.close(f"refused: {exc}")
             except TRANSIENT as exc:
+                # The thread ends when the drain does, not on `stop`: after a SIGTERM the final
+                # round's pushes still go, over a link that may need reconnecting first.
                 self.link.close(f"{type(exc).__name__}: {exc}")
-                if self.stop.is_set():
+                if self.drain_over.is_set():
                     return
-                self.stop.wait(0.05)
+                self._back_off()
+
+    def _refused(self, exc: Refusal, about_push: bool) -> bool:
+        """A refusal (ERROR) of the head push or of another request: what push_protocol
+        says to do about it. True when the network thread must end (a fatal refusal)."""
+        with self._versions_lock:
+            outcome = self.pushes.refused(exc.reason, exc.detail, about_push=about_push)
+        if outcome is Refused.FATAL:
+            self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
+            self.stop.set()
+            return True
+        if outcome is Refused.DEFERRED:  # the syncer's disk: the push is kept, sent again, same id
+            return False
+        if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
+            self.link.close(f"refused: {exc}")
+        if outcome is Refused.IGNORED:
+            # A refused HELLO, heartbeat or pull would be refused again at once: wait first.
+            self._back_off()
+        return False
+
+    def _back_off(self) -> None:
+        """Wait before the next attempt after `failures_in_a_row` failed ones: tenacity's
+        exponential wait with jitter (push_protocol.backoff), 0.2 s doubling to 2 s."""
+        self.failures_in_a_row += 1
+        self.drain_over.wait(backoff(self.failures_in_a_row))
 
     def _poll_ms(self) -> int:
         """How long a long poll may wait (push_protocol.poll_ms), at this learner's pace."""

@@ -130,10 +130,14 @@ class PushProtocol:
                          residual=item.residual, final=item.final, latency=round(latency, 4),
                          incarnation=self.incarnation)
 
-    def refused(self, reason: Reason | str, detail: str) -> Refused:
-        """The syncer refused the last request (ERROR): what the learner does about it."""
+    def refused(self, reason: Reason | str, detail: str, *, about_push: bool) -> Refused:
+        """The syncer refused the last request (ERROR): what the learner does about it.
+        `about_push`: the refused request was the head push. A refused HELLO, heartbeat or
+        pull says nothing about the push waiting at the head, which stays queued."""
         if str(reason) in FATAL_REASONS:
             return Refused.FATAL
+        if not about_push:
+            return Refused.IGNORED
         item = self.queue.peek()
         if str(reason) in RETRY_LATER_REASONS:
             # The syncer's disk: the push is kept and sent again, same id, after a backoff.

@@ -345,7 +345,8 @@ class SimLearner(Stoppable):
     def _refused(self, request: Request, frame: wire.Frame) -> None:
         assert self.pushes is not None
         reason = str(frame.header.get("reason"))
-        if self.pushes.refused(reason, str(frame.header.get("detail", ""))) is Refused.FATAL:
+        outcome = self.pushes.refused(reason, str(frame.header.get("detail", "")), about_push=request.kind == "push")
+        if outcome is Refused.FATAL:
             self.events.emit("process_stop", role="learner", reason=f"refused: {reason}", incarnation=self.incarnation)
             self.alive = False
 

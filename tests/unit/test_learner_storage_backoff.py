@@ -28,7 +28,7 @@ class Clock:
 
 
 class Stop:
-    """The learner's stop event: wait(t) moves the fake clock instead of sleeping."""
+    """The learner's stop and drain_over events: wait(t) moves the fake clock instead of sleeping."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -88,10 +88,12 @@ def run(reason: Reason, refusals: int) -> tuple[list[float], list[float], list[d
     pushes = PushProtocol(1, 1, VersionBook.starting_at([0]), queue, log, "fp32", clock.monotonic)
     queue.pop = lambda pushed: dropped(Refusal(reason, "popped"))  # type: ignore[attr-defined]
     fake = SimpleNamespace(
-        closing=closing, drain_over=threading.Event(), stop=Stop(clock), link=link, queue=queue,
+        closing=closing, drain_over=Stop(clock), stop=Stop(clock), link=link, queue=queue, failures_in_a_row=0,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push, _pull_new_versions=lambda: None,
         _note_versions=lambda versions: None, _awaited=lambda: None, pushes=pushes, _versions_lock=threading.Lock(),
         events=log, opts=SimpleNamespace(learner=1))
+    fake._refused = lambda exc, about_push: learner_module.Learner._refused(fake, exc, about_push)
+    fake._back_off = lambda: learner_module.Learner._back_off(fake)
     original = learner_module.time
     learner_module.time = clock  # type: ignore[assignment]
     try:
