@@ -109,6 +109,11 @@ class Learner:
         # goes on until the drain ends, backs off between them.
         self.link = Link(opts.address, secret, opts.learner, mode, self.events, 5.0, self.stop)
         self.failures_in_a_row = 0  # failed network attempts since the last success (the backoff grows with it)
+        # Fragments pulled on the current connection: only their copy is known to be the one the
+        # syncer serves now, so only they are pulled as steps from it (delta encodings). A
+        # syncer restarted since rebuilt its served copy from its recovered Θ, and steps added
+        # to the copy of its previous life would leave the learner off Θ for good.
+        self.pulled_on_this_connection: set[int] = set()
         # Which versions to pull and adopt, when a push may go (adoption.py): the network
         # thread and the inner loop share it under _versions_lock.
         self.book = VersionBook.starting_at([])
@@ -452,6 +457,7 @@ class Learner:
             try:
                 if not self.link.connected:
                     welcome = self.link.connect(want_params=False, budget=RECONNECT_BUDGET)
+                    self.pulled_on_this_connection.clear()
                     self._note_versions(welcome.header.get("versions"))
                 item = self.queue.peek()
                 # After a "not now" refusal the head push waits out its backoff, while the link
@@ -536,7 +542,8 @@ class Learner:
             wanted = self.book.pulls_wanted()
         for f in wanted:
             request = {"fragment": f}
-            held = self._held(f) if self.cfg.pull_encoding in DELTA_ENCODINGS else None
+            delta = self.cfg.pull_encoding in DELTA_ENCODINGS and f in self.pulled_on_this_connection
+            held = self._held(f) if delta else None
             if held is not None:
                 request["have"] = held[0]
             reply = self.link.request(wire.message(wire.PULL, request))
@@ -555,6 +562,7 @@ class Learner:
                 raise FrameFault(Reason.BAD_TENSOR, f"fragment {f} v{version}: {exc}") from exc
             with self._versions_lock:
                 self.book.put_pulled(f, version, tensors)
+            self.pulled_on_this_connection.add(f)
             self.events.emit("pull", fragment=f, version=version, wire_bytes=reply.wire_bytes, encoding=encoding,
                              **({"from": int(reply.header["from"])} if "from" in reply.header else {}))
 

@@ -64,7 +64,7 @@ def harness(clock: Clock, queue_items: list, stop: Stop, request, send_push, con
         closing=closing, drain_over=Stop(clock), stop=stop, link=link, queue=queue, failures_in_a_row=0,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push, _pull_new_versions=lambda: None,
         _note_versions=lambda versions: None, _awaited=lambda: None, pushes=pushes, _versions_lock=threading.Lock(),
-        events=log, opts=SimpleNamespace(learner=1), fatal=None)
+        events=log, opts=SimpleNamespace(learner=1), fatal=None, pulled_on_this_connection=set())
     fake._refused = lambda exc, about_push: learner_module.Learner._refused(fake, exc, about_push)
     fake._back_off = lambda: learner_module.Learner._back_off(fake)
     return fake, events
@@ -134,7 +134,44 @@ def test_after_a_sigterm_a_network_error_does_not_end_the_thread_before_the_fina
 
     fake, _ = harness(clock, [final], SetStop(clock), lambda message: SimpleNamespace(header={}), send_push)
     fake.closing.set()  # the inner loop has queued its last pushes and waits for the drain
+    fake.pulled_on_this_connection.add(0)
     run_loop(fake, clock)
+    assert fake.pulled_on_this_connection == set(), "a reconnection forgets which copies the syncer serves"
     assert len(sends) == 4 and fake.queue.items == [], "the final push went after the link came back"
     gaps = [b - a for a, b in zip(sends, sends[1:])]
     assert min(gaps) >= 0.19 and gaps[-1] > gaps[0], f"no growing backoff between reconnections: {gaps}"
+
+
+def test_the_first_pull_of_a_fragment_on_a_connection_is_whole_then_steps() -> None:
+    """With delta pulls a learner names the version it holds (`have`) and gets the steps
+    after it. A syncer restarted since rebuilt its served copy from its recovered Θ: steps
+    of its new life added to a copy of its old one left the learner off Θ for good. So a
+    fragment's first pull on each connection names nothing, and is whole."""
+    import json
+
+    import torch
+
+    from trainer import wire
+
+    sent: list[dict] = []
+    version = {"v": 0}
+
+    def request(message):
+        sent.append(json.loads(message.head))
+        version["v"] += 1
+        return SimpleNamespace(header={"version": version["v"], "encoding": "fp32"},
+                               tensors=lambda: {"w": torch.zeros(2)}, wire_bytes=10)
+    book = SimpleNamespace(pulls_wanted=lambda: [0], put_pulled=lambda f, v, t: None, pulled={},
+                           adopted=[0])
+    fake = SimpleNamespace(
+        _versions_lock=threading.Lock(), book=book, cfg=SimpleNamespace(pull_encoding="delta-int8"),
+        link=SimpleNamespace(request=request), params={"w": torch.zeros(2)}, fragment_names=[["w"]],
+        events=SimpleNamespace(emit=lambda kind, **f: None), pulled_on_this_connection=set(), globals=[{}])
+    fake._held = lambda f: learner_module.Learner._held(fake, f)
+    pull = lambda: learner_module.Learner._pull_new_versions(fake)  # noqa: E731
+    pull()
+    pull()
+    fake.pulled_on_this_connection.clear()  # what the network thread does on a reconnect
+    pull()
+    assert ["have" in h for h in sent] == [False, True, False], sent
+    assert all(h["type"] == str(wire.PULL) for h in sent)
