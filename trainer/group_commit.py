@@ -207,9 +207,14 @@ class GroupCommit:
                 r.error = error if error is not None else (document_error if r.staged is None else None)
 
     def _note(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, SyncFailed) and self.failed is None:
-            self.failed = exc
+        if isinstance(exc, SyncFailed):
+            self.note_failed(exc)
         return exc
+
+    def note_failed(self, exc: SyncFailed) -> None:
+        """A sync failed (here or elsewhere on this disk): no group is made durable after it."""
+        if self.failed is None:
+            self.failed = exc
 
 
 def _discard(staged: Staged | None, storage: Storage = FILES) -> None:

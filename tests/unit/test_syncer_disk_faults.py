@@ -203,3 +203,18 @@ def test_a_retry_while_the_first_attempt_is_stored_is_in_flight_not_a_duplicate(
     assert again.header["status"] == ("duplicate" if first_attempt == "lands" else "accepted")
     wait_until(s, lambda: s.frags[0].version >= 1, "the push's merge")
     assert merged_ids(rig.events("merge")).count("1:1:7") == 1
+
+
+def test_a_failed_sync_outside_the_group_commit_stops_it_too(rig: Rig) -> None:
+    """Finding (a review): a merge's failed sync marked the syncer's disk failed, but the
+    group commit went on making pushes already admitted durable (and meta.json) on a disk
+    no longer trusted."""
+    from trainer.group_commit import DiskFailed
+    from trainer.storage import SyncFailed
+
+    s = rig.start(storage=disk_for(rig))
+    rig.client(s).hello(1, "n")
+    s._storage_error(SyncFailed(errno.EIO, "planted: the fragment file's sync failed", "fragment-0"), "fragment-0")
+    assert s.disk_failed.is_set() and s.durability.failed is not None
+    with pytest.raises(DiskFailed, match="a sync failed earlier"):
+        s.durability.commit()

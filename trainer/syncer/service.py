@@ -151,6 +151,10 @@ class Syncer:
     def _storage_error(self, exc: OSError, what: str) -> None:
         """Count and report a disk error (the core's); a failed sync also sets disk_failed."""
         failed = isinstance(exc, SyncFailed) or self.durability.failed is not None
+        if isinstance(exc, SyncFailed):
+            # A sync failed outside a group (a merge's fragment file, a new directory): the
+            # group commit must not go on making pushes durable on a disk no longer trusted.
+            self.durability.note_failed(exc)
         with self.cond:
             self.core.storage_error(exc, what, failed, self.durability.failed)
         if failed:
