@@ -9,7 +9,7 @@ from typing import Callable
 
 import pytest
 
-from trainer.group_commit import DiskFailed, GroupCommit, write_staged
+from trainer.group_commit import DiskFailed, GroupCommit, StillCommitting, write_staged
 from trainer.simdisk import SimDisk
 from trainer.storage import FILES, FileStorage, Storage, SyncFailed
 
@@ -187,27 +187,6 @@ def test_meta_json_never_goes_back_to_an_older_document(tmp_path):
     assert json.loads((tmp_path / "meta.json").read_text())["n"] == 80
 
 
-def test_a_waiter_gives_up_after_its_timeout_and_its_file_is_removed(tmp_path):
-    release = threading.Event()
-    entered = threading.Event()
-
-    def stuck(paths, root):
-        entered.set()
-        release.wait(WAIT)
-    gc = make(tmp_path, {}, storage=HookedSync(stuck))
-    applied: list[str] = []
-    leader = threading.Thread(target=lambda: gc.commit(staged(tmp_path, "lead", applied)))
-    leader.start()
-    assert entered.wait(WAIT)
-    late = staged(tmp_path, "late", applied)
-    with pytest.raises(TimeoutError, match="not durable within"):
-        gc.commit(late, timeout=0.2)
-    assert not late.tmp.exists() and applied == []
-    release.set()
-    leader.join(WAIT)
-    assert applied == ["lead"]
-
-
 def _with_outcomes(s, outcomes: list[str], name: str):
     """Record the staged push's outcome callbacks (apply, abandon) by name."""
     applied = s.apply
@@ -220,7 +199,7 @@ def _with_outcomes(s, outcomes: list[str], name: str):
     return s
 
 
-def test_a_waiter_that_gives_up_before_any_commit_took_it_is_abandoned_once(tmp_path):
+def test_a_waiter_that_gives_up_before_any_commit_took_it_is_abandoned_once_and_its_file_removed(tmp_path):
     release = threading.Event()
     entered = threading.Event()
 
@@ -236,10 +215,11 @@ def test_a_waiter_that_gives_up_before_any_commit_took_it_is_abandoned_once(tmp_
     late = _with_outcomes(staged(tmp_path, "late", applied), outcomes, "late")
     with pytest.raises(TimeoutError, match="not durable within"):
         gc.commit(late, timeout=0.2)
+    assert not late.tmp.exists() and applied == []
     assert outcomes == ["abandon late"]
     release.set()
     leader.join(WAIT)
-    assert outcomes == ["abandon late"] and applied == ["lead"]
+    assert applied == ["lead"] and outcomes == ["abandon late"]
 
 
 @pytest.mark.parametrize("group_fails", [False, True])
@@ -247,8 +227,6 @@ def test_a_waiter_that_gives_up_while_its_group_is_written_leaves_the_outcome_to
     """A push whose wait ends while a commit holds its file may yet be durable: the waiter
     must not release it (a retry would be accepted beside it, and both applied); the group
     applies it, or abandons it if it fails."""
-    from trainer.group_commit import StillCommitting
-
     syncs: list[int] = []
     first_entered, release_first = threading.Event(), threading.Event()
     second_entered, release_second = threading.Event(), threading.Event()
