@@ -34,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -119,10 +120,7 @@ def run_chunk(seed: int, start: int, count: int, space: Space, jobs: int) -> dic
     wall = time.perf_counter() - began
     per = sorted(r["seconds"] for r in rows)
     failed = [{"index": r["index"], "checks": r["failed"]} for r in rows if r["failed"]]
-    unknown: dict[str, int] = {}
-    for r in rows:
-        for name in r["unknown"]:
-            unknown[name] = unknown.get(name, 0) + 1
+    unknown = Counter(name for r in rows for name in r["unknown"])
     return {"seed": seed, "start": start, "count": count, "space": space_key(space), "jobs": jobs,
             "commit": COMMIT, "code": CODE, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "wall_seconds": round(wall, 3), "simulated_seconds": round(sum(r["simulated"] for r in rows), 1),
@@ -182,10 +180,9 @@ def summarize(chunks: list[dict], space: Space) -> dict:
     count = sum(c["count"] for c in chunks)
     simulated = sum(c["simulated_seconds"] for c in chunks)
     failed = [f for c in chunks for f in c["failed"]]
-    unknown: dict[str, int] = {}
+    unknown: Counter[str] = Counter()
     for c in chunks:
-        for name, n in c.get("unknown", {}).items():
-            unknown[name] = unknown.get(name, 0) + n
+        unknown.update(c.get("unknown", {}))
     return {"schedules": count, "jobs": sorted({c["jobs"] for c in chunks}), "seed": chunks[0]["seed"],
             "chunks": len(chunks), "commits": sorted({c["commit"] for c in chunks}),
             "wall_seconds": round(wall, 2), "schedules_per_second": round(count / wall, 2),
