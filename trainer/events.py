@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator
 from .clock import host as host_name
 from .clock import monotonic as host_monotonic
 from .clock import wall
+from .compact_json import compact, compact_strict
 from .event_echo import EventEcho
 from .event_echo import enabled as echo_enabled
 
@@ -126,9 +127,9 @@ def as_read(record: dict) -> dict:
         return _plain_dict(record)
     except _NotPlain:
         try:
-            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+            line = compact_strict(record)
         except ValueError:
-            line = json.dumps(_clean(record), separators=(",", ":"))
+            line = compact(_clean(record))
         return json.loads(line)
 
 
@@ -210,9 +211,9 @@ class EventLog:
                     self._echo(record)
             return record
         try:  # the common case: nothing to clean (a NaN or Inf is rare, and refused here)
-            line = json.dumps(record, separators=(",", ":"), allow_nan=False)
+            line = compact_strict(record)
         except ValueError:
-            line = json.dumps(_clean(record), separators=(",", ":"))
+            line = compact(_clean(record))
         with self._lock:
             if self._file is not None:
                 self._file.write(line + "\n")

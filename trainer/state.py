@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from . import tensor_bytes
+from .compact_json import compact, plain
 from .atomic import atomic_write_bytes, atomic_write_json, fsync_dir  # noqa: F401 (re-exported)
 from .storage import FILES, Storage
 
@@ -65,8 +66,8 @@ def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, m
     serialising its tensors again cost two copies of every pushed byte."""
     size = int.from_bytes(payload[:8], "little")
     header = json.loads(payload[8:8 + size])
-    header["__metadata__"] = {k: json.dumps(v) for k, v in metadata.items()}
-    raw = json.dumps(header, separators=(",", ":")).encode()
+    header["__metadata__"] = {k: plain(v) for k, v in metadata.items()}
+    raw = compact(header).encode()
     raw += b" " * (-len(raw) % 8)  # the data section stays 8-byte aligned
     return len(raw).to_bytes(8, "little") + raw, memoryview(payload)[8 + size:]
 
@@ -74,7 +75,7 @@ def with_metadata(payload: bytes, metadata: dict[str, object]) -> tuple[bytes, m
 def save_tensors(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, object],
                  storage: Storage = FILES) -> int:
     """Atomically write tensors with JSON-encoded metadata values."""
-    meta = {k: json.dumps(v) for k, v in metadata.items()}
+    meta = {k: plain(v) for k, v in metadata.items()}
     return storage.atomic_write(Path(path), tensor_bytes.dumps(tensors, metadata=meta))
 
 

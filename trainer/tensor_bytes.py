@@ -8,10 +8,11 @@ padded with spaces to 8 bytes, then the data. Reading stays with the library, wh
 checks every range and dtype, so nothing read from the network or a disk is trusted."""
 from __future__ import annotations
 
-import json
 import struct
 
 import torch
+
+from .compact_json import compact
 
 DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -43,6 +44,6 @@ def dumps(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = No
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = compact(header).encode()
     head += b" " * (-len(head) % ALIGNMENT)
     return b"".join([LENGTH.pack(len(head)), head, *blobs])

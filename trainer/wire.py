@@ -52,6 +52,7 @@ import torch
 from safetensors.torch import load as st_load
 
 from . import tensor_bytes
+from .compact_json import compact_strict
 from .keys import is_key_file_text, learner_key
 from .protocol import REPLY_TYPES, REQUEST_TYPES, FrameFault, FrameType, Reason
 
@@ -166,7 +167,7 @@ def message(ftype: FrameType | str, header: dict | None = None, tensors: dict[st
     head = dict(header or {})
     head["type"] = str(ftype)
     head["crc32"] = zlib.crc32(payload)
-    head_bytes = json.dumps(head, separators=(",", ":"), allow_nan=False).encode()
+    head_bytes = compact_strict(head).encode()
     if len(head_bytes) > MAX_HEADER_BYTES:
         raise ValueError(f"frame header is {len(head_bytes)} bytes, over the {MAX_HEADER_BYTES} cap")
     return Message(FrameType(ftype), head_bytes, payload)
