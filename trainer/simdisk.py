@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import errno as errnos
 import hashlib
+import os
 import random
 import threading
 from dataclasses import dataclass, field
@@ -35,24 +36,41 @@ MUTATING = ("create", "fsync", "sync_files", "rename", "fsync_dir", "unlink", "m
 SYNCS = ("fsync", "sync_files", "fsync_dir")
 
 
-@lru_cache(maxsize=1 << 16)
-def _key(path: Path | str) -> PurePosixPath:
-    return PurePosixPath(str(path))
+def _key(path: Path | str) -> str:
+    """A name as the disk keys it: its normalised posix text. Text, not a PurePosixPath: a
+    string hashes once and compares in C, where a path hashes and compares its parts in
+    Python on every lookup (a simulated run makes hundreds of thousands)."""
+    return _normal(os.fspath(path))
 
 
 @lru_cache(maxsize=1 << 16)
-def _parent(path: PurePosixPath) -> PurePosixPath:
-    """A name's directory: every sync of a directory asks it of every name (a simulated run
-    makes tens of thousands of these calls)."""
-    return path.parent
+def _normal(text: str) -> str:
+    return str(PurePosixPath(text))
+
+
+@lru_cache(maxsize=1 << 16)
+def _parent(key: str) -> str:
+    """A name's directory: every sync of a directory asks it of every name."""
+    return str(PurePosixPath(key).parent)
+
+
+@lru_cache(maxsize=1 << 16)
+def _lineage(key: str) -> tuple[str, ...]:
+    """`key` and every directory above it, nearest first."""
+    path = PurePosixPath(key)
+    return (key, *(str(p) for p in path.parents))
+
+
+def _base_name(key: str) -> str:
+    return PurePosixPath(key).name
 
 
 @dataclass(frozen=True)
 class Image:
-    """The durable side at one instant: files (path → content) and directories."""
+    """The durable side at one instant: files (path text → content) and directories."""
 
-    files: dict[PurePosixPath, bytes]
-    dirs: frozenset[PurePosixPath]
+    files: dict[str, bytes]
+    dirs: frozenset[str]
 
     def digest(self) -> str:
         h = hashlib.sha256()
@@ -78,17 +96,17 @@ class SimDisk(Storage):
     ops: int = 0
     images: list[tuple[int, Image]] = field(default_factory=list)
     _inodes: dict[int, _Inode] = field(default_factory=dict)
-    _names: dict[PurePosixPath, int] = field(default_factory=dict)          # volatile entries
-    _durable_names: dict[PurePosixPath, int] = field(default_factory=dict)  # durable entries
-    _dirs: set[PurePosixPath] = field(default_factory=set)
-    _durable_dirs: set[PurePosixPath] = field(default_factory=set)
+    _names: dict[str, int] = field(default_factory=dict)          # volatile entries
+    _durable_names: dict[str, int] = field(default_factory=dict)  # durable entries
+    _dirs: set[str] = field(default_factory=set)
+    _durable_dirs: set[str] = field(default_factory=set)
     _faults: dict[str, int] = field(default_factory=dict)
     _next: int = 1
 
     def __post_init__(self) -> None:
         self.lock = threading.RLock()
         for root in self.roots:
-            for p in (_key(root), *_key(root).parents):
+            for p in _lineage(_key(root)):
                 self._dirs.add(p)
                 self._durable_dirs.add(p)
         if self.record:
@@ -127,8 +145,8 @@ class SimDisk(Storage):
             return Image(files, dirs)
 
     @staticmethod
-    def _reachable(path: PurePosixPath, dirs: set[PurePosixPath] | frozenset[PurePosixPath]) -> bool:
-        parent = path.parent
+    def _reachable(path: str, dirs: set[str] | frozenset[str]) -> bool:
+        parent = _parent(path)
         return parent == path or parent in dirs
 
     def image_at(self, op: int) -> Image:
@@ -180,7 +198,7 @@ class SimDisk(Storage):
         self._inodes[ino] = _Inode(data)
         return ino
 
-    def _need_dir(self, path: PurePosixPath) -> None:
+    def _need_dir(self, path: str) -> None:
         if path not in self._dirs:
             raise FileNotFoundError(errnos.ENOENT, "No such file or directory", str(path))
 
@@ -188,7 +206,7 @@ class SimDisk(Storage):
         key = _key(path)
         with self.lock:
             self._tick("create", path)
-            self._need_dir(key.parent)
+            self._need_dir(_parent(key))
             data = b"".join(bytes(p) for p in parts)
             ino = self._names.get(key)
             if ino is None:
@@ -226,7 +244,7 @@ class SimDisk(Storage):
             self._tick("rename", src)
             if s not in self._names:
                 raise FileNotFoundError(errnos.ENOENT, "No such file or directory", str(src))
-            self._need_dir(d.parent)
+            self._need_dir(_parent(d))
             self._names[d] = self._names.pop(s)
 
     def fsync_dir(self, path: Path) -> None:
@@ -262,11 +280,11 @@ class SimDisk(Storage):
     def mkdir(self, path: Path) -> None:
         key = _key(path)
         with self.lock:
-            missing = [p for p in (key, *key.parents) if p not in self._dirs]
+            missing = [p for p in _lineage(key) if p not in self._dirs]
             for d in reversed(missing):
                 self._tick("mkdir", d)
                 self._dirs.add(d)
-                self.fsync_dir(Path(str(d.parent)))
+                self.fsync_dir(_parent(d))
 
     def read_bytes(self, path: Path) -> bytes:
         with self.lock:
@@ -283,8 +301,8 @@ class SimDisk(Storage):
     def listdir(self, path: Path) -> list[str]:
         key = _key(path)
         with self.lock:
-            names = {n.name for n in self._names if _parent(n) == key}
-            names |= {d.name for d in self._dirs if _parent(d) == key and d != key}
+            names = {_base_name(n) for n in self._names if _parent(n) == key}
+            names |= {_base_name(d) for d in self._dirs if _parent(d) == key and d != key}
             return sorted(names)
 
     def is_dir(self, path: Path) -> bool:

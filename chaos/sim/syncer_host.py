@@ -8,15 +8,13 @@ power loss keeps only what was synced, a restart recovers from what is there."""
 from __future__ import annotations
 
 import json
-import random
-from functools import lru_cache
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Callable
 
 from trainer import wire
 from trainer.config import SyncerConfig, TrainConfig
 from trainer.events import EventLog, MemoryEvents, as_read
-from trainer.simdisk import SimDisk, _key, _parent
+from trainer.simdisk import SimDisk
 from trainer.syncer import Syncer
 
 from .loop import Stoppable, VirtualTime
@@ -45,66 +43,6 @@ def to_frame(message: wire.Message) -> wire.Frame:
     return wire.Frame(message.type, as_read(header), message.payload)
 
 
-@lru_cache(maxsize=1 << 16)
-def _text(path: PurePosixPath) -> str:
-    return str(path)
-
-
-@lru_cache(maxsize=1 << 16)
-def _parent_text(path: PurePosixPath) -> str:
-    """A name's directory as text: equal texts, equal posix paths."""
-    return str(_parent(path))
-
-
-class HostDisk(SimDisk):
-    """The SimDisk, with `mkdir` of a directory that exists answered at once: the syncer asks
-    it of its state directories before every write, and SimDisk walks every ancestor of the
-    path first. Every ancestor of a directory it holds is there too (mkdir makes the missing
-    ones, a power loss keeps the reachable ones), so there is nothing to make: the same disk,
-    the same ops count."""
-
-    def mkdir(self, path: Path) -> None:
-        if _key(path) in self._dirs:
-            return
-        super().mkdir(path)
-
-    def fsync_dir(self, path: Path) -> None:
-        """SimDisk.fsync_dir, the same steps in the same order, with each name's directory
-        compared as text: pathlib compares paths in Python, and a simulated run asks this
-        of every name on the disk tens of thousands of times."""
-        key = _key(path)
-        text = str(key)
-        with self.lock:
-            self._tick("fsync_dir", path)
-            self._need_dir(key)
-            changed = False
-            names, durable_names = self._names, self._durable_names
-            for name in [n for n in durable_names if _parent_text(n) == text]:
-                if names.get(name) != durable_names[name]:
-                    del durable_names[name]
-                    changed = True
-            for name, ino in names.items():
-                if _parent_text(name) == text and durable_names.get(name) != ino:
-                    durable_names[name] = ino
-                    changed = True
-            dirs, durable_dirs = self._dirs, self._durable_dirs
-            for d in list(durable_dirs):
-                if _parent_text(d) == text and _text(d) != text and d not in dirs:
-                    durable_dirs.discard(d)
-                    changed = True
-            for d in dirs:
-                if _parent_text(d) == text and _text(d) != text and d not in durable_dirs:
-                    durable_dirs.add(d)
-                    changed = True
-            if changed:
-                self._durable_changed()
-
-    def crash(self, rng: random.Random | None = None) -> "HostDisk":
-        disk = super().crash(rng)
-        disk.__class__ = HostDisk  # SimDisk.from_image made the base class: the same fields
-        return disk
-
-
 class SyncerHost(Stoppable):
     def __init__(self, time: VirtualTime, cfg: SyncerConfig, train: TrainConfig, run_dir: Path,
                  memory: MemoryEvents | None = None) -> None:
@@ -114,7 +52,7 @@ class SyncerHost(Stoppable):
         self.train = train
         self.run_dir = run_dir
         self.memory = memory  # the events kept in memory instead of under run_dir
-        self.disk: SimDisk = HostDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
+        self.disk: SimDisk = SimDisk(roots=(str(Path(cfg.state_dir).parent),), record=False)
         self.syncer: Syncer | None = None
         self.incarnation = 0
 

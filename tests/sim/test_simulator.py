@@ -3,7 +3,6 @@ disk, judged by the same checkers as a live run."""
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +11,10 @@ import pytest
 
 from chaos.controller import HISTORY_FILE, read_history
 from chaos.runner import evaluate_run, judge_events
-from chaos.sim.syncer_host import HostDisk
 from chaos.sim.world import SimSettings, event_digest, first_difference, simulate, unsupported
 from faults import Schedule
 from trainer.events import EventLog, MemoryEvents, read_events
 from trainer.protocol import Status
-from trainer.simdisk import SimDisk
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY_KIND = """\
@@ -150,41 +147,3 @@ def test_chaos_explore_json_reports_the_search(tmp_path: Path) -> None:
     assert report["seconds"] > 0
 
 
-def test_the_hosts_disk_keeps_and_loses_exactly_what_a_simdisk_does(tmp_path: Path) -> None:
-    """HostDisk's shortcuts (mkdir of an existing directory, fsync_dir comparing text) change
-    nothing: the same random calls on both leave the same disk, op count and crash image."""
-    for seed in range(30):
-        rng = random.Random(seed)
-        disks = [SimDisk(roots=("/r",), record=True), HostDisk(roots=("/r",), record=True)]
-        dirs = ["/r", "/r/a", "/r/a/b", "/r/c"]
-        names = [f"{d}/{n}" for d in dirs for n in ("x", "y", ".x.tmp")]
-        for _ in range(200):  # bounded: 200 calls a seed
-            op = rng.choice(("mkdir", "create", "fsync", "rename", "fsync_dir", "unlink", "crash"))
-            arg, other = rng.choice(names), rng.choice(names)
-            where, content = rng.choice(dirs), bytes([rng.randrange(3)])
-            outcomes = []
-            for i, disk in enumerate(disks):
-                try:
-                    if op == "mkdir":
-                        disk.mkdir(Path(where))
-                    elif op == "create":
-                        disk.create(Path(arg), [content])
-                    elif op == "fsync":
-                        disk.fsync(Path(arg))
-                    elif op == "rename":
-                        disk.rename(Path(arg), Path(other))
-                    elif op == "fsync_dir":
-                        disk.fsync_dir(Path(where))
-                    elif op == "unlink":
-                        disk.unlink(Path(arg))
-                    else:
-                        disks[i] = disk.crash()
-                    outcomes.append("ok")
-                except OSError as exc:
-                    outcomes.append(type(exc).__name__)
-            assert outcomes[0] == outcomes[1], (seed, op)
-            assert disks[0].ops == disks[1].ops
-            assert disks[0].image().digest() == disks[1].image().digest(), (seed, op)
-            assert [[d.listdir(Path(x)) if d.is_dir(Path(x)) else None for x in dirs] for d in disks] == \
-                [[disks[0].listdir(Path(x)) if disks[0].is_dir(Path(x)) else None for x in dirs]] * 2
-        assert type(disks[1]) is HostDisk

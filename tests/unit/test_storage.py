@@ -204,13 +204,26 @@ def test_faults_are_raised_until_healed_and_a_failed_sync_makes_nothing_durable(
         d.fail("read_bytes", errno.EIO)
 
 
+def test_a_name_is_the_same_file_however_it_is_spelt():
+    """The disk keys names by their normalised text: a Path, its text and a spelling with
+    `//` or `.` in it name one file (and one directory), as on a real disk."""
+    d = disk()
+    d.mkdir(Path(f"{ROOT}/sub/"))
+    d.create(Path(f"{ROOT}//sub/./x"), [b"1"])
+    assert d.read_bytes(ROOT / "sub" / "x") == b"1" and d.read_bytes(f"{ROOT}/sub/x") == b"1"
+    assert d.is_dir(f"{ROOT}/sub") and d.listdir(ROOT) == ["sub"] and d.listdir(ROOT / "sub") == ["x"]
+    d.fsync(f"{ROOT}/sub//x")
+    d.fsync_dir(ROOT / "sub")
+    assert d.crash().read_bytes(ROOT / "sub" / "x") == b"1"
+
+
 def test_every_durable_change_is_recorded_with_its_op():
     d = disk()
     d.atomic_write(ROOT / "a", b"1")
     first = d.ops
     d.atomic_write(ROOT / "a", b"2")
     assert d.image_at(0).files == {}
-    assert d.image_at(first).files[ROOT / "a"] == b"1"
-    assert d.image_at(d.ops).files[ROOT / "a"] == b"2"
+    assert d.image_at(first).files[str(ROOT / "a")] == b"1"
+    assert d.image_at(d.ops).files[str(ROOT / "a")] == b"2"
     again = SimDisk.from_image(d.image_at(first))
     assert again.read_bytes(ROOT / "a") == b"1" and again.image().digest() == d.image_at(first).digest()
