@@ -113,12 +113,11 @@ def validate_schedule(sync_every: int, num_fragments: int, overlap: int) -> None
 
 
 def fragment_distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names: list[str]) -> float:
-    """The L2 distance between two sets of a fragment's tensors."""
-    with torch.no_grad():
-        return sum(float((a[n].detach() - b[n].detach()).pow(2).sum()) for n in names) ** 0.5
+    """The L2 distance between two sets of a fragment's tensors (one norm kernel per tensor:
+    the learners score every adoption with it)."""
+    return sum(float(torch.linalg.vector_norm(a[n].detach() - b[n].detach())) ** 2 for n in names) ** 0.5
 
 
 def fragment_norm(tensors: dict[str, torch.Tensor], names: list[str]) -> float:
     """The L2 norm of a fragment's tensors."""
-    with torch.no_grad():
-        return sum(float(tensors[n].pow(2).sum()) for n in names) ** 0.5
+    return sum(float(torch.linalg.vector_norm(tensors[n].detach())) ** 2 for n in names) ** 0.5

@@ -19,6 +19,7 @@ DTYPES = {
     torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
     torch.bool: "BOOL",
 }
+NUMPY_DTYPES = frozenset(d for d in DTYPES if d is not torch.bfloat16)
 ALIGNMENT = 8
 LENGTH = struct.Struct("<Q")
 
@@ -38,9 +39,13 @@ def dumps(tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = No
         dtype = DTYPES.get(t.dtype)
         if dtype is None:
             raise ValueError(f"tensor {name!r}: dtype {t.dtype} has no safetensors name")
-        # As bytes, bfloat16 needs no numpy dtype; the machine's byte order is little-endian
-        # on every platform torch ships for, as safetensors requires.
-        data = t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        # The machine's byte order is little-endian on every platform torch ships for, as
+        # safetensors requires. numpy writes a CPU tensor's bytes in C order whatever its
+        # strides; bfloat16 (no numpy dtype) and other devices go through a uint8 view.
+        if t.dtype in NUMPY_DTYPES and t.device.type == "cpu":
+            data = t.numpy().tobytes()
+        else:
+            data = t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
         header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
