@@ -54,6 +54,8 @@ from typing import Callable
 
 import torch
 
+from .finite import finite
+
 SCALE_SUFFIX = "::scale"
 INT4_BLOCK = 64
 
@@ -269,7 +271,7 @@ def decode(parts: dict[str, torch.Tensor], encoding: str,
                 raise ValueError(f"tensor {wname!r}: dtype {t.dtype}, expected {w.dtype} for {encoding}")
             wire_tensors.append(t)
         value = codec.decode(name, tuple(wire_tensors), shape)
-        if not torch.isfinite(value).all():
+        if not finite(value):
             raise ValueError(f"tensor {name!r}: contains NaN or Inf")
         out[name] = value
     return out

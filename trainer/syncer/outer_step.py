@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SyncerConfig
+from ..finite import all_finite
 from ..outer import (Contribution, OuterConfig, delayed_nesterov_step, final_average, merge, merge_weights,
                      nesterov_step, round_fraction, staleness_factors)
 from .fragment_state import FragmentState
@@ -98,7 +99,7 @@ class OuterStepper:
             nesterov_step(params, momentum, delta, OuterConfig(self.outer.lr, mu), fraction)
             outer = {"step": "nesterov", "momentum_step": True, "round_fraction": round(fraction, 4),
                      "momentum": round(mu, 4)}
-        finite = all(bool(torch.isfinite(t).all()) for t in (*params.values(), *momentum.values(), *accum.values()))
+        finite = all_finite((*params.values(), *momentum.values(), *accum.values()))
         return OuterStep(expected, staleness, raw, factors, weights, params, momentum, accum, accum_count, outer,
                          finite)
 
@@ -118,7 +119,7 @@ class OuterStepper:
         momentum = {n: t.clone() for n, t in frag.momentum.items()}
         accum = {n: t.clone() for n, t in frag.accum.items()}
         staleness = [frag.version - c.base_version for c in contribs]
-        finite = all(bool(torch.isfinite(t).all()) for t in params.values())
+        finite = all_finite(params.values())
         return OuterStep(0.0, staleness, weights, [1.0] * len(contribs), weights, params, momentum, accum,
                          frag.accum_count, {"step": "final-average", "momentum_step": False}, finite)
 
