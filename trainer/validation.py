@@ -74,7 +74,8 @@ def tensor_norm(tensors: dict[str, torch.Tensor]) -> float:
     """‖x‖₂ over every tensor, in float64 (an fp32 sum of squares of 3e38 would overflow)."""
     total = 0.0
     for t in tensors.values():
-        total += float(torch.linalg.vector_norm(t.detach().double()) ** 2)
+        norm = float(torch.linalg.vector_norm(t.detach(), dtype=torch.float64))  # cast inside the kernel
+        total += norm * norm
     return total ** 0.5
 
 
