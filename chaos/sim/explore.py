@@ -16,6 +16,7 @@ import shlex
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
@@ -163,16 +164,15 @@ def search(seed: int, count: int, space: Space, jobs: int) -> Search:
     """Schedules 0..count-1 of `seed`, judged in draw order whatever the number of
     processes, up to the first that fails."""
     tasks = ((seed, i, space) for i in range(count))
-    unknown: dict[str, int] = {}
+    unknown: Counter[str] = Counter()
     pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
     try:
         results = pool.imap(_judge_index, tasks, chunksize=4) if pool is not None else map(_judge_index, tasks)
         for i, (index, outcome) in enumerate(results):
-            for name in outcome.unknown:
-                unknown[name] = unknown.get(name, 0) + 1
+            unknown.update(outcome.unknown)
             if outcome.failed:
-                return Search(i + 1, index, outcome.failed, unknown)
-        return Search(count, None, [], unknown)
+                return Search(i + 1, index, outcome.failed, dict(unknown))
+        return Search(count, None, [], dict(unknown))
     finally:
         if pool is not None:
             pool.terminate()
