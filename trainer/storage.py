@@ -137,6 +137,23 @@ class Storage(ABC):
         return [directory / n for n in self.listdir(directory)
                 if n.endswith(suffix) and not n.startswith(".") and not self.is_dir(directory / n)]
 
+    def sync_tree(self, root: Path) -> int:
+        """Make every directory entry under `root`, and `root`'s own, durable: what recovery
+        is about to act on. mkdir skips a directory that exists, so one whose creator was
+        killed between mkdir(2) and the fsync of its parent would otherwise stay undurable,
+        with everything later written into it. Returns how many directories were synced."""
+        synced = 0
+        stack = [Path(root)]
+        if Path(root).parent != Path(root):
+            self.fsync_dir(Path(root).parent)
+            synced += 1
+        while stack:
+            directory = stack.pop()
+            stack += [directory / n for n in self.listdir(directory) if self.is_dir(directory / n)]
+            self.fsync_dir(directory)
+            synced += 1
+        return synced
+
     def remove_temporaries(self, root: Path) -> int:
         """Temporary files (`.*.tmp`) under `root` left by a process that died mid-write;
         never valid state. Returns how many were removed."""

@@ -106,6 +106,33 @@ def test_mkdir_makes_each_new_directory_durable_in_its_parent(tmp_path, monkeypa
     assert synced == [".", "a"], "an existing directory costs nothing"
 
 
+def test_sync_tree_makes_every_directory_and_the_root_durable(tmp_path, monkeypatch):
+    """A directory whose creator was killed between mkdir(2) and the fsync of its parent
+    exists but may vanish at a power loss; mkdir skips it, so recovery syncs the tree."""
+    synced: list[str] = []
+    store = FileStorage()
+    root = tmp_path / "state"
+    (root / "pending" / "0").mkdir(parents=True)  # made with no fsync, as by a killed syncer
+    (root / "pending" / "0" / "1:1:1.safetensors").write_bytes(b"")
+    (root / "quarantine").mkdir()
+    monkeypatch.setattr(store, "fsync_dir", lambda path: synced.append(str(Path(path).relative_to(tmp_path))))
+    assert store.sync_tree(root) == 5
+    assert sorted(synced) == [".", "state", "state/pending", "state/pending/0", "state/quarantine"]
+
+
+def test_a_recovering_syncer_syncs_its_state_tree(rig, monkeypatch):
+    synced: set[Path] = set()
+    fsync_dir = FileStorage.fsync_dir
+    (rig.state_dir / "pending" / "0").mkdir(parents=True)  # left by a syncer killed mid-mkdir
+
+    def recording(self, path):
+        synced.add(Path(path))
+        fsync_dir(self, path)
+    monkeypatch.setattr(FileStorage, "fsync_dir", recording)
+    rig.make()
+    assert {rig.state_dir.parent, rig.state_dir, rig.state_dir / "pending", rig.state_dir / "pending" / "0"} <= synced
+
+
 def test_temporaries_are_found_at_any_depth(tmp_path):
     store = FileStorage()
     (tmp_path / "pending" / "0").mkdir(parents=True)

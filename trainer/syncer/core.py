@@ -212,6 +212,7 @@ class SyncerCore:
 
     def _recover(self, model: torch.nn.Module) -> None:
         removed = remove_stale_temporaries(self.store.root, self.store.storage)
+        self.store.storage.sync_tree(self.store.root)  # what recovery reads is durable before it acts
         meta = read_json(self.store.meta_path, self.store.storage)
         if meta is not None:
             stored = {"task": "gpt", **(meta.get("fingerprint") or {})}  # state written before tasks: gpt
@@ -594,13 +595,16 @@ class SyncerCore:
             self.norms[req.index].check(req.per_round_norm, lambda: tensor_norm(frag.params))
         if known and self.defect != "double_apply":
             self.counters["duplicates"] += 1
-            return PushTicket(req, Status.DUPLICATE, frag.version)
+            # Answered with the version that holds it: the learner awaits that one, as for an
+            # accepted push, and does not push the fragment again while this one is pending.
+            return PushTicket(req, Status.DUPLICATE, frag.holding_version(ident))
         if is_stale(frag.version, req.base_version, self.cfg.max_staleness):
             self.counters["dropped_stale"] += 1
             return PushTicket(req, Status.STALE, frag.version)
         frag.reserved.add(ident)  # reserve the id while its file is written
+        # Its steps are claimed now, so that a second push admitted while this one is written
+        # is bounded with them; a write that fails gives them back (_unclaim).
         m.claimed[req.index] = m.claimed.get(req.index, 0) + req.steps
-        self.norms[req.index].note(req.per_round_norm)
         meta = {"fragment": req.index, "learner": req.learner, "incarnation": req.incarnation, "seq": req.seq,
                 "tokens": req.tokens, "steps": req.steps, "base_version": req.base_version,
                 "encoding": req.encoding, "final": int(req.final)}
@@ -616,9 +620,12 @@ class SyncerCore:
         # written now, which took its pushes before this one arrived.
         ticket.version = frag.version + (1 if frag.writing else 0)
         if frag.known(req.ident) and self.defect != "double_apply":
-            # Durable under this id already (two attempts' files, at one path): entered once.
+            # Durable under this id already (two attempts' files, at one path): entered once,
+            # and its steps claimed once.
             self.counters["durable_again"] += 1
+            self._unclaim(req)
             return
+        self.norms[req.index].note(req.per_round_norm)  # a push the median learns from is stored
         accepted_at = self.monotonic()
         contribution = Contribution(req.learner, req.incarnation, req.seq, req.tokens, req.base_version, req.delta,
                                     req.steps)
@@ -637,6 +644,19 @@ class SyncerCore:
         """An accepted push's write failed, or will never be durable: its reserved id is
         released (the learner keeps it and retries)."""
         self.frags[ticket.request.index].reserved.discard(ticket.request.ident)
+        self._unclaim(ticket.request)
+
+    def _unclaim(self, req: PushRequest) -> None:
+        """Give back the steps admission claimed for a push that was not entered: its retry
+        claims them again, and must not be bounded by them twice."""
+        m = self.members.members.get(req.learner)
+        if m is None or m.incarnation != req.incarnation:
+            return  # a new incarnation started its claims afresh
+        left = m.claimed.get(req.index, 0) - req.steps
+        if left > 0:
+            m.claimed[req.index] = left
+        else:
+            m.claimed.pop(req.index, None)
 
     def still_storing(self, ticket: PushTicket, detail: str) -> ProtocolError:
         """The refusal of a push whose write outlived its wait: its group decides, and the

@@ -48,5 +48,18 @@ class FragmentState:
                 for p in self.pending]
 
     def known(self, ident: str) -> bool:
-        return ident in self.applied_set or ident in self.merging or any(
-            p.contribution.ident == ident for p in self.pending)
+        return ident in self.applied_set or ident in self.merging or self.is_pending(ident)
+
+    def is_pending(self, ident: str) -> bool:
+        return any(p.contribution.ident == ident for p in self.pending)
+
+    def holding_version(self, ident: str) -> int:
+        """The version that holds known push `ident`: what a learner told "duplicate" awaits
+        before it pushes this fragment again. A push taken by the merge being planned or
+        written is in the next version; one still pending, in the merge after any being
+        written; one already merged, in the current version or an older one."""
+        if ident in self.merging:
+            return self.version + 1
+        if self.is_pending(ident):
+            return self.version + (2 if self.writing else 1)
+        return self.version

@@ -1,0 +1,103 @@
+"""What the syncer's answer to a push tells the learner, and what admission keeps of a push
+that was not stored.
+
+A `duplicate` answer stands in for an `accepted` one whose ACK was lost: the learner must
+await the version that holds the push, or it pushes the fragment again while that push is
+still pending (one more push out than --push-window allows). The steps a push claims are
+bounded per incarnation; a push whose write failed is retried, and must not be bounded by
+its own steps twice."""
+from __future__ import annotations
+
+from tests.unit.syncer_rig import H, Rig, push_frame, wait_until
+from trainer import wire
+from trainer.adoption import VersionBook
+from trainer.syncer import Syncer
+
+
+def _frame(msg: wire.Message) -> wire.Frame:
+    return wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload)
+
+
+def _admitted(s: Syncer, rig: Rig, seq: int):
+    request = s.core.parse_push(_frame(push_frame(1, 1, seq, rig.delta(s, seq))), 1)
+    with s.cond:
+        return s.core.admit_push(request)
+
+
+def _claimed(s: Syncer) -> int:
+    return s.core.members.members[1].claimed.get(0, 0)
+
+
+# ------------------------------------------------------------ the duplicate's version
+
+def test_a_duplicate_of_a_pending_push_names_the_version_that_will_hold_it(rig: Rig) -> None:
+    s = rig.start(quorum=2, grace=3600.0)  # learner 2 never pushes: learner 1's push stays pending
+    c1, c2 = rig.client(s), rig.client(s)
+    c1.hello(1, "n1")
+    c2.hello(2, "n2")
+    frame = push_frame(1, 1, 1, rig.delta(s, 1))
+    first = c1.send(frame)
+    again = c1.send(frame)  # the retry of a push whose ACK was lost
+    assert first.header["status"] == "accepted" and again.header["status"] == "duplicate"
+    assert s.frags[0].version == 0 and len(s.frags[0].pending) == 1
+    # `accepted` names the version the next merge builds on (the learner awaits one more);
+    # `duplicate` names the version that releases the push: the same one, version 1.
+    assert again.header["version"] == first.header["version"] + 1 == 1
+
+
+def test_a_duplicate_of_a_merged_push_names_the_current_version(rig: Rig) -> None:
+    s = rig.start(quorum=1, grace=0.0)
+    c = rig.client(s)
+    c.hello(1, "n")
+    frame = push_frame(1, 1, 1, rig.delta(s, 1))
+    assert c.send(frame).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version >= 1, "the push to be merged")
+    again = c.send(frame)
+    assert again.header["status"] == "duplicate" and again.header["version"] == 1
+
+
+def test_holding_version_while_a_merge_is_written(rig: Rig) -> None:
+    s = rig.start(quorum=1, grace=3600.0)
+    rig.client(s).hello(1, "n")
+    frag = s.frags[0]
+    with s.cond:
+        s.core.push_durable(_admitted(s, rig, 1))
+        s.core.push_durable(_admitted(s, rig, 2))
+        frag.merging.add("1:1:1")  # push 1 was taken by the merge being written; push 2 arrived after
+        frag.writing = True
+        try:
+            assert frag.holding_version("1:1:1") == 1, "the merge being written holds it"
+            assert frag.holding_version("1:1:2") == 2, "the merge after the one being written holds it"
+        finally:
+            frag.merging.discard("1:1:1")
+            frag.writing = False
+        assert frag.holding_version("1:1:2") == 1
+
+
+def test_the_learner_does_not_push_again_before_the_duplicate_push_is_adopted() -> None:
+    book = VersionBook.starting_at([0])
+    book.sent(0, 1)
+    book.answered(0, 1, 1)  # "duplicate", version 1: push 1 is pending on the syncer
+    assert not book.may_push(0, window=1), "a second push of fragment 0 went while the first was pending"
+    book.adopt(0, 1)
+    assert book.may_push(0, window=1)
+
+
+# ------------------------------------------------------------ claims of unstored pushes
+
+def test_a_push_whose_write_failed_gives_its_claimed_steps_back(rig: Rig) -> None:
+    s = rig.start()
+    rig.client(s).hello(1, "n")
+    norms = s.core.norms[0].recent
+    ticket = _admitted(s, rig, 1)
+    assert _claimed(s) == H, "admission claims the push's steps while its file is written"
+    with s.cond:
+        s.core.push_failed(ticket)
+    assert _claimed(s) == 0 and len(norms) == 0, "a push that was never stored still counts"
+
+    retry = _admitted(s, rig, 1)  # the learner sends it again, same id
+    with s.cond:
+        s.core.push_durable(retry)
+    assert _claimed(s) == H, "the retry's steps were claimed twice"
+    assert len(norms) == 1, "the stored push's norm was not noted once"
+
