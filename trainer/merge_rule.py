@@ -9,7 +9,7 @@ closing), so an event-driven caller sets a timer instead of polling.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Collection, Iterable, Sequence
 
 LATE_GRACES = 5          # a lone late push waits max(LATE_GRACES · grace, LATE_ROUNDS · round period) ...
@@ -193,14 +193,24 @@ class MergeRule:
         no last push in; their regular pushes are pending): a learner left mid-run (a
         scale-down, learners moved back onto a node that returned), or the first of a run's
         end. The regular pushes of those training merge by the usual rule among them, and
-        the last pushes wait for the final round (every live learner's last push, or
-        final_wait). Holding the regular pushes too stalled every merge for final_wait (10 s)
-        each time one learner left cleanly mid-run."""
+        the last pushes wait for the final round (every live learner's last push); after
+        final_wait they merge as regular pushes. Holding the regular pushes too stalled
+        every merge for final_wait (10 s) each time one learner left cleanly mid-run."""
         opened = min(p.accepted_at for p in pending if p.final)
         if now >= opened + self.final_wait:
-            missing = sorted(set(training))
-            return Decision("final-timeout", {"policy": "final", "waited": round(now - opened, 4), "missing": missing,
-                                              "why": f"{self.final_wait:g} s after the first last push"}, only="final")
+            # No final round is coming: learners train on. The last pushes merge as regular
+            # ones, with the regular pushes and by their rule. A merge of the last pushes
+            # alone (at the final round's weight 1) moved Θ_f to the leaver's model mid-run,
+            # and left the regular pushes pending past the version their ACKs promised:
+            # their learners adopted it and pushed again with those pushes unmerged.
+            decision = self.decide([replace(p, final=False) for p in pending], version, training, now, predicted,
+                                   period)
+            if decision.reason:
+                why = (f"{decision.info.get('why', decision.reason)}; the last push(es) of "
+                       f"{sorted({p.learner for p in pending if p.final})} waited {self.final_wait:g} s while "
+                       f"{sorted(training)} train on: merged as regular pushes")
+                return Decision(decision.reason, {**decision.info, "why": why})
+            return decision
         decision = self.decide(regular, version, training, now, predicted, period)
         if decision.reason:
             return Decision(decision.reason, decision.info, only="regular")

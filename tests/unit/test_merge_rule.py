@@ -82,9 +82,13 @@ def test_a_learner_that_stops_while_others_train_on_does_not_hold_their_merges()
     # Below quorum (three live learners), the grace window of the regular pushes decides.
     d = rule.decide(pending[:2], 0, [2, 3, 4], 1.3)
     assert d.reason is None and d.recheck_at == pytest.approx(1.2 + rule.grace)
-    # The last push's own wait still ends: final_wait after it came, it merges alone.
+    # No final round comes within final_wait: the last push merges as a regular one, with
+    # the regular pushes, by their rule (not alone at the final round's weight 1, and not
+    # before the regular pushes whose ACKs promised them the next version).
     d = rule.decide(pending, 0, [2, 3], 11.0)
-    assert (d.reason, d.only, d.info["missing"]) == ("final-timeout", "final", [2, 3])
+    assert (d.reason, d.only) == ("quorum", None) and "merged as regular pushes" in d.info["why"]
+    d = rule.decide(pending[:2], 0, [2, 3, 4], 11.0)  # below quorum: the grace window of the fresh pushes
+    assert (d.reason, d.only) == ("grace", None)
     # A push from a learner that is no longer live says nothing of who trains on.
     assert rule.decide([w(1, 1.0, final=True), w(4, 1.1)], 0, [2], 2.0).recheck_at == pytest.approx(11.0)
     # Every live learner's last push in: the final round, over everything pending.

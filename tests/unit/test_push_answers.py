@@ -101,3 +101,48 @@ def test_a_push_whose_write_failed_gives_its_claimed_steps_back(rig: Rig) -> Non
     assert _claimed(s) == H, "the retry's steps were claimed twice"
     assert len(norms) == 1, "the stored push's norm was not noted once"
 
+
+
+# ------------------------------------------------------------ merges that fail
+
+def test_a_merge_whose_write_failed_is_retried_with_its_own_pushes_alone(rig: Rig) -> None:
+    """A push accepted while a merge is written is promised the version after it; when that
+    write fails and the retry took every pending push, the promised version never came and
+    a learner that alone pushes the fragment waited for it forever."""
+    s = rig.start(quorum=2, grace=3600.0)  # nothing merges on its own: the test drives the merges
+    rig.client(s).hello(1, "n1")
+    rig.client(s).hello(2, "n2")
+    frag = s.frags[0]
+    with s.cond:
+        s.core.push_durable(_admitted(s, rig, 1))
+        plan = s.core.begin_merge(frag, "test")
+        assert plan is not None and frag.writing
+        during = _admitted(s, rig, 2)
+        s.core.push_durable(during)
+        assert during.version == 1, "accepted during the write: its learner awaits version 2"
+        s.core.abort_merge(plan)  # the fragment file's write failed (ENOSPC)
+        s._merge(frag, "retry")
+        assert frag.version == 1 and frag.applied == ["1:1:1"], "the retry took more than the failed merge's pushes"
+        assert [p.contribution.ident for p in frag.pending] == ["1:1:2"]
+        s._merge(frag, "next")
+        assert frag.version == 2 and frag.applied == ["1:1:1", "1:1:2"], "the promised version did not hold the push"
+
+
+def test_nothing_merges_once_the_disk_failed_a_sync(rig: Rig) -> None:
+    s = rig.start(quorum=2, grace=3600.0)
+    rig.client(s).hello(1, "n1")
+    frag = s.frags[0]
+    with s.cond:
+        s.core.push_durable(_admitted(s, rig, 1))
+        s.core.disk_failed = True  # a sync failed: the restart reads the state back and merges
+        s.core.begin_pass()
+        assert s.core.due(frag, s.core.monotonic() + 1e6) is None, "a merge was due on a disk that failed a sync"
+        s.core.disk_failed = False
+        assert s.core.due(frag, s.core.monotonic() + 1e6) is not None, "the control: the push is due without the failure"
+
+
+def test_every_fragments_pending_directory_is_made_at_recovery(rig: Rig) -> None:
+    s = rig.make(fragments=2)
+    assert all((rig.state_dir / "pending" / str(f)).is_dir() for f in range(2)), \
+        "a pending directory left to the first pushes' threads can race (one acknowledges before it is durable)"
+    assert s.frags[0].version == 0

@@ -212,6 +212,12 @@ class SyncerCore:
 
     def _recover(self, model: torch.nn.Module) -> None:
         removed = remove_stale_temporaries(self.store.root, self.store.storage)
+        if self.train.mode != "sync":
+            # Made here, on one thread: two pushes that both found a fragment's directory
+            # missing raced, and the one whose mkdir lost acknowledged its file in a directory
+            # the other had not yet made durable in its parent.
+            for spec in self.specs:
+                self.store.storage.mkdir(self.store.pending_dir(spec.index))
         self.store.storage.sync_tree(self.store.root)  # what recovery reads is durable before it acts
         meta = read_json(self.store.meta_path, self.store.storage)
         if meta is not None:
@@ -780,6 +786,8 @@ class SyncerCore:
         in recheck_at). Call begin_pass first: recheck_at is the earliest of one pass."""
         if frag.writing:  # its merge is being written (off the lock): one at a time
             return None
+        if self.disk_failed:  # nothing more is written to a disk that failed a sync: the restart merges
+            return None
         decision = self.decide(frag, now)
         if not decision.reason:
             self.recheck_at = earliest(self.recheck_at, decision.recheck_at)
@@ -852,7 +860,15 @@ class SyncerCore:
         push was quarantined: nothing to write. Pushes accepted while the plan is written
         stay pending for the next merge."""
         started = self.monotonic()
-        if only is None:
+        if frag.retry is not None:
+            # The pushes of a merge whose write failed, and only they, as that merge would
+            # have: those accepted during its write were promised the version after it
+            # (push_durable), so they wait for that one.
+            ids, final = frag.retry
+            taken = [p for p in frag.pending if p.contribution.ident in ids]
+            frag.pending = [p for p in frag.pending if p.contribution.ident not in ids]
+            frag.retry = None
+        elif only is None:
             taken, frag.pending = list(frag.pending), []
         else:
             want = only == "final"
@@ -890,6 +906,7 @@ class SyncerCore:
         frag = plan.frag
         frag.writing = False
         frag.pending = plan.taken + frag.pending
+        frag.retry = ({p.contribution.ident for p in plan.taken}, plan.final)  # the next merge of frag: this one again
         self.changes += 1
         frag.merging.difference_update(c.ident for c in plan.contribs)
 

@@ -41,6 +41,9 @@ class FragmentState:
     rounds: float = 0.0                                           # outer rounds merged so far (durable)
     arrivals: Arrivals = field(default_factory=Arrivals)  # recent push times: the adaptive grace's estimates
     writing: bool = False  # a merge is being written: its version will not hold pushes accepted meanwhile
+    # A merge whose write failed: its push ids and whether it was a final one. The next merge
+    # of the fragment takes those pushes alone.
+    retry: tuple[set[str], bool] | None = None
 
     def waiting(self) -> list[Waiting]:
         """The pending pushes as the merge rule sees them."""
