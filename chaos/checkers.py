@@ -524,6 +524,7 @@ SYNC_NOTHING_TO_JUDGE = {
     "no_lost_acks": "sync mode acknowledges no push: a round's gradients are averaged in a barrier and "
                     "never stored as pushes",
     "no_double_apply": "sync mode merges no pushes and keeps no ledger of them",
+    "push_window": "sync mode pushes no fragments: every learner's gradient waits in one barrier per round",
     "monotonic_versions": "sync mode has no fragment versions, and its rounds go back legitimately after a "
                           "syncer restart, to its last checkpoint (--sync-checkpoint-every)",
 }
@@ -643,6 +644,69 @@ def check_no_double_apply(view: RunView) -> Verdict:
     if doubles:
         return Verdict("no_double_apply", FAIL, f"{len(doubles)} push(es) applied twice", {"doubles": doubles[:50]})
     return Verdict("no_double_apply", PASS, f"{len(seen)} merged pushes, each applied once", {"merged": len(seen)})
+
+
+def _holding_versions(view: RunView) -> dict[str, int]:
+    """Push id -> the version of the first merge that held it (the syncer's merge events)."""
+    held: dict[str, int] = {}
+    for e in view.events:
+        if e["kind"] == "merge":
+            for c in e["contributors"]:
+                held.setdefault(c["id"], e["version"])
+    return held
+
+
+def check_push_window(view: RunView) -> Verdict:
+    """A learner pushes a fragment again only while fewer than --push-window of its pushes
+    of that fragment are out: sent, and the version that holds them not yet adopted. A push
+    carries the version its learner held when it was made (`base_version`), so push j was
+    made with every earlier push i of its incarnation and fragment out whose merge version
+    is above it: at most window - 1 of them. A learner released early by a wrong answer
+    (a `duplicate` naming the current version of a push still pending, a merge that left a
+    promised push out) pushes on a version without its own last push, which the syncer then
+    merges as a pipelined push. Its residual push at a stop is exempt (it goes regardless),
+    as is a fragment after the learner followed its syncer back (versions are numbered anew)."""
+    skip = _not_applicable(view, "push_window")
+    if skip is not None:
+        return skip
+    windows = {e["learner"]: int(e["push_window"]) for e in view.events
+               if e["kind"] == "process_start" and e.get("role") == "learner" and e.get("push_window")}
+    if not windows:
+        return Verdict("push_window", NOT_APPLICABLE, "no learner said its --push-window")
+    held = _holding_versions(view)
+    rolled_back: dict[tuple, float] = {}  # (learner, incarnation, fragment) -> when it first followed its syncer back
+    for e in view.events:
+        if e["kind"] == "syncer_rollback":
+            rolled_back.setdefault((e["learner"], e.get("incarnation"), e.get("fragment")), e["t"])
+    streams: dict[tuple, list[dict]] = {}
+    for e in view.events:
+        if e["kind"] == "push" and e.get("base_version") is not None and e["learner"] in windows:
+            streams.setdefault((e["learner"], e.get("incarnation"), e["fragment"]), []).append(e)
+    early, judged = [], 0
+    for key, pushes in streams.items():
+        pushes.sort(key=lambda e: e["seq"])
+        since = rolled_back.get(key)
+        window = windows[key[0]]
+        for j, push in enumerate(pushes):
+            if push.get("residual") or (since is not None and push["t"] >= since):
+                continue
+            judged += 1
+            out = [i for i in pushes[:j] if held.get(i["id"], -1) > push["base_version"]]
+            if len(out) >= window:
+                early.append({"learner": key[0], "incarnation": key[1], "fragment": key[2], "id": push["id"],
+                              "base_version": push["base_version"], "window": window,
+                              "out": [{"id": i["id"], "status": i.get("status"), "merged_in": held[i["id"]]}
+                                      for i in out[-3:]], "at": view.rel(push["t"])})
+    if early:
+        first = early[0]
+        return Verdict("push_window", FAIL, f"{len(early)} push(es) made with the window full: learner "
+                                            f"{first['learner']}'s push {first['id']} of fragment {first['fragment']} "
+                                            f"was made on version {first['base_version']} while "
+                                            f"{len(first['out'])} of its earlier pushes were out (window "
+                                            f"{first['window']}), the first merged in version "
+                                            f"{first['out'][0]['merged_in']}", {"early": early[:20]})
+    return Verdict("push_window", PASS, f"{judged} push(es) each made with fewer than --push-window of its "
+                                        f"fragment's pushes out", {"judged": judged, "windows": windows})
 
 
 def check_monotonic_versions(view: RunView) -> Verdict:
@@ -981,6 +1045,7 @@ CHECKERS: dict[str, Callable[..., Verdict]] = {
     "rejoined": check_every_learner_contributes_at_end,
     "no_lost_acks": check_no_lost_acks,
     "no_double_apply": check_no_double_apply,
+    "push_window": check_push_window,
     "monotonic_versions": check_monotonic_versions,
     "finite": check_finite,
     "task_healthy": check_task_healthy,

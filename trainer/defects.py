@@ -40,6 +40,9 @@ LEARNER_DEFECTS = {
     "fresh_id_on_retry": "sends a push again under a new seq after a reconnect or a refusal, instead of its "
                          "own: a push the syncer accepted but whose answer was lost is accepted and merged "
                          "again, its progress applied twice under two ids",
+    "ignore_push_window": "pushes each fragment whenever its turn comes, without waiting for the version that "
+                          "holds its last push (--push-window ignored): under a slow or cut link its pushes pile "
+                          "up on an old version, each merged as a pipelined push",
     "never_adopt": "adopts every merged version in its bookkeeping (versions, apply events) but never "
                    "copies the global parameters into its model: it trains on alone",
 }

@@ -198,6 +198,7 @@ class Learner:
             self.events.emit("rank_start", rank=self.group.rank, **fields)
             return
         self.events.emit("process_start", role="learner", rejoin=bool(h["rejoin"]), mode=self.mode, defect=self.defect,
+                         push_window=self.cfg.push_window,
                          versions=self.book.adopted, task=self.cfg.task, corpus=self.facts.get("data"),
                          loss_floor=self.facts.get("loss_floor"), unigram_entropy=self.facts.get("unigram_entropy"),
                          loss_unit=self.facts.get("loss_unit"),
@@ -333,7 +334,7 @@ class Learner:
             last_step = self.opts.max_steps is not None and step >= self.opts.max_steps
             for f in ([] if last_step and cfg.final_round else clock.due(step)):  # the final round pushes all
                 with self._versions_lock:  # against _send_push marking a push of f as sent
-                    if self.book.may_push(f, cfg.push_window):
+                    if self.book.may_push(f, cfg.push_window) or self.defect == "ignore_push_window":
                         push(f)
             self.pacer.after_step(compute_s, self.stop)
         if self.fatal:

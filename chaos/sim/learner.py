@@ -77,7 +77,7 @@ class SimLearner(Stoppable):
     # ------------------------------------------------------------------ life
     def start(self) -> None:
         self.events.emit("process_start", role="learner", mode=self.cfg.mode, defect=self.world.learner_defect,
-                         simulated=True)
+                         push_window=self.cfg.push_window, simulated=True)
         self._connect()
 
     def kill(self) -> None:
@@ -142,7 +142,7 @@ class SimLearner(Stoppable):
         self.events.emit("inner_step", step=self.step, loss=loss, tokens=tokens,
                          compute_s=round(self.step_time, 5), incarnation=self.incarnation, position=self.position)
         for f in self.clock.due(self.step):
-            if self.book.may_push(f, self.cfg.push_window):
+            if self.book.may_push(f, self.cfg.push_window) or self.world.learner_defect == "ignore_push_window":
                 self._push(f)
         self._pump()
         self.time.after(self.step_time, self._step)

@@ -27,6 +27,7 @@ CASES = {
     "living_quorum": (defects.ENV, "no_lost_acks", 100),
     "never_adopt": (defects.LEARNER_ENV, "converged", 20),
     "fresh_id_on_retry": (defects.LEARNER_ENV, "no_double_apply", 100),
+    "ignore_push_window": (defects.LEARNER_ENV, "push_window", 100),
 }
 
 

@@ -15,6 +15,7 @@ from chaos.checkers import (CHECKERS, FAIL, NOT_APPLICABLE, PASS, SAFETY_CHECKS,
                             check_converged,
                             check_every_learner_contributes_at_end, check_faults_applied, check_final_loss,
                             check_finite, check_monotonic_versions, check_no_double_apply, check_no_lost_acks,
+                            check_push_window,
                             check_progress, check_self_heal, not_passed, run_checkers, verdict_document)
 
 T0 = 1000.0  # the fake monotonic clock at the history's `begin`
@@ -107,6 +108,7 @@ def training(until: float = 60.0, learners=(1, 2, 3), absent: dict | None = None
     # The syncer announces its config; here a push every step (H=1), so a round is two ticks.
     events: list[dict] = [ev(start - 1.0, "process_start", role="syncer",
                              config={"sync_every": 1, "fragments": fragments}, syncer={"grace": 0.5})]
+    events += [learner_start(start - 1.0, i) for i in learners]
     seq = {i: 0 for i in learners}
     steps = {i: 0 for i in learners}
     versions = [0] * fragments
@@ -123,7 +125,8 @@ def training(until: float = 60.0, learners=(1, 2, 3), absent: dict | None = None
             contribs = []
             for i in present:
                 seq[i] += 1
-                events.append(push(t - 0.1, i, seq[i], fragment=frag, version=versions[frag] - 1))
+                events.append(made_on(push(t - 0.1, i, seq[i], fragment=frag, version=versions[frag] - 1),
+                                      versions[frag] - 1))
                 contribs.append(contributor(i, seq[i], base_version=versions[frag] - 1, version=versions[frag]))
             events.append(merge(t, frag, versions[frag], contribs))
         k += 1
@@ -737,13 +740,14 @@ def test_in_sync_mode_only_finite_is_required_and_the_rest_say_why_not():
     events += [ev(float(t), "sync_step", round=t, contributors=[1, 2], tokens=1024, seconds=0.01) for t in range(20)]
     events += [inner_step(float(t) - 0.5, i, t) for t in range(20) for i in (1, 2)] + [final_state(21.0, None)]
     verdicts = {v.name: v for v in run_checkers(view(events))}
-    for name in ("no_lost_acks", "no_double_apply", "monotonic_versions"):
+    for name in ("no_lost_acks", "no_double_apply", "push_window", "monotonic_versions"):
         assert verdicts[name].status == NOT_APPLICABLE and "not applicable in sync mode" in verdicts[name].detail
     assert verdicts["finite"].status == PASS
     document = verdict_document(list(verdicts.values()))
     assert document["required"] == ["finite"]
     # timeline: every event on one clock, nothing to place
-    assert document["not_applicable"] == ["timeline", "no_lost_acks", "no_double_apply", "monotonic_versions"]
+    assert document["not_applicable"] == ["timeline", "no_lost_acks", "no_double_apply", "push_window",
+                                          "monotonic_versions"]
 
 
 def test_no_lost_acks_counts_a_duplicate_answer_as_an_acknowledgement():
@@ -790,6 +794,65 @@ def test_no_double_apply_tells_incarnations_apart():
     events = [merge(5.0, 0, 1, [contributor(1, 1, incarnation=1)]),
               merge(9.0, 0, 2, [contributor(1, 1, incarnation=2)])]
     assert check_no_double_apply(view(events)).status == PASS
+
+
+# --------------------------------------------------------------------------- push_window
+
+
+def learner_start(t: float, learner: int, window: int = 1) -> dict:
+    return ev(t, "process_start", learner=learner, role="learner", mode="decoupled", push_window=window,
+              incarnation=1)
+
+
+def made_on(event: dict, base_version: int, **fields) -> dict:
+    """A learner's `push` event for a push made while it held `base_version`."""
+    return {**event, "base_version": base_version, **fields}
+
+
+def test_push_window_passes_when_each_push_waits_for_the_version_holding_the_last():
+    events = [learner_start(0.0, 1),
+              made_on(push(1.0, 1, 1), 0), merge(1.5, 0, 1, [contributor(1, 1)]), apply(1.6, 1, 0, 1),
+              made_on(push(2.0, 1, 2), 1), merge(2.5, 0, 2, [contributor(1, 2, base_version=1, version=2)])]
+    verdict = check_push_window(view(events))
+    assert verdict.status == PASS and verdict.evidence["judged"] == 2
+
+
+def test_push_window_fails_a_push_made_while_the_last_one_was_still_pending():
+    """A duplicate answer naming the current version released push 1 while it was pending:
+    push 2 was made on version 0, and push 1 was merged only in version 1."""
+    events = [learner_start(0.0, 1),
+              made_on(push(1.0, 1, 1, status="duplicate"), 0),
+              made_on(push(2.0, 1, 2), 0),
+              merge(2.5, 0, 1, [contributor(1, 1), contributor(1, 2)])]
+    verdict = check_push_window(view(events))
+    assert verdict.status == FAIL
+    early = verdict.evidence["early"][0]
+    assert early["id"] == "1:1:2" and early["out"] == [{"id": "1:1:1", "status": "duplicate", "merged_in": 1}]
+
+
+def test_push_window_allows_as_many_pushes_out_as_the_window():
+    events = [learner_start(0.0, 1, window=2),
+              made_on(push(1.0, 1, 1), 0), made_on(push(2.0, 1, 2), 0),
+              merge(2.5, 0, 1, [contributor(1, 1), contributor(1, 2)])]
+    assert check_push_window(view(events)).status == PASS
+    events.insert(3, made_on(push(2.2, 1, 3), 0))  # a third on version 0: two out, window 2
+    assert check_push_window(view(events + [merge(3.0, 0, 2, [contributor(1, 3)])])).status == FAIL
+
+
+def test_push_window_exempts_the_residual_push_and_a_fragment_after_a_rollback():
+    pending_first = [learner_start(0.0, 1), made_on(push(1.0, 1, 1), 0)]
+    residual = made_on(push(2.0, 1, 2), 0, residual=True)  # a clean stop pushes what is left, whatever is out
+    merged = merge(2.5, 0, 1, [contributor(1, 1), contributor(1, 2)])
+    assert check_push_window(view(pending_first + [residual, merged])).status == PASS
+    rollback = ev(1.5, "syncer_rollback", learner=1, fragment=0, held=3, syncer_version=0, incarnation=1)
+    after = made_on(push(2.0, 1, 2), 0)
+    assert check_push_window(view(pending_first + [after, merged])).status == FAIL
+    assert check_push_window(view(pending_first + [rollback, after, merged])).status == PASS
+
+
+def test_push_window_is_not_applicable_when_no_learner_said_its_window():
+    events = [made_on(push(1.0, 1, 1), 0), made_on(push(2.0, 1, 2), 0), merge(2.5, 0, 1, [contributor(1, 1)])]
+    assert check_push_window(view(events)).status == NOT_APPLICABLE
 
 
 def accepted(t: float, learner: int, seq: int, position: int, incarnation: int = 1, fragment: int = 0) -> dict:
@@ -1314,8 +1377,10 @@ def write_state(root, applied: dict[str, list[str]], pending: dict[str, str] | N
 
 
 def late_acks(events: list[dict]) -> list[dict]:
-    """Two pushes acknowledged after the last merge: durable only in pending/."""
-    return events + [push(80.5, 2, 900, fragment=0), push(80.6, 3, 900, fragment=1)]
+    """Two pushes acknowledged after the last merge (made on it): durable only in pending/."""
+    def last(fragment: int) -> int:
+        return max((e["version"] for e in events if e["kind"] == "merge" and e["fragment"] == fragment), default=0)
+    return events + [made_on(push(80.5, 2, 900, fragment=0), last(0)), made_on(push(80.6, 3, 900, fragment=1), last(1))]
 
 
 def test_a_syncer_sigkilled_at_the_end_is_judged_from_its_state_dir(tmp_path):
