@@ -684,7 +684,10 @@ def check_push_window(view: RunView) -> Verdict:
             streams.setdefault((e["learner"], e.get("incarnation"), e["fragment"]), []).append(e)
     early, judged = [], 0
     for key, pushes in streams.items():
-        pushes.sort(key=lambda e: e["seq"])
+        # In the order they were answered, which is the order they were made: one request in
+        # flight, the queue first in first out. Not by seq: a push sent again under a new seq
+        # (the fresh_id_on_retry defect) is still the push made then, on the version of then.
+        pushes.sort(key=lambda e: e["t"])
         since = rolled_back.get(key)
         window = windows[key[0]]
         for j, push in enumerate(pushes):
