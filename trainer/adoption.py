@@ -64,7 +64,17 @@ class VersionBook:
         found = []
         for f, (theirs, ours) in enumerate(zip(versions, self.adopted)):
             held = max(ours, self.pulled_version(f))
-            if theirs < held and f not in self.rollbacks:
+            if f in self.rollbacks:
+                # Followed back already, not yet adopted: a syncer that went back again, below
+                # the version followed, is followed there (else the learner awaited a version
+                # that was gone, and pulled nothing).
+                first_held, target = self.rollbacks[f]
+                if theirs < target:
+                    self.rollbacks[f] = (first_held, theirs)
+                    self.pulled.pop(f, None)
+                    self.targets[f] = theirs
+                    found.append(Rollback(f, first_held, theirs))
+            elif theirs < held:
                 self.rollbacks[f] = (held, theirs)
                 self.pulled.pop(f, None)
                 self.targets[f] = theirs
@@ -127,7 +137,12 @@ class VersionBook:
 
     # ----------------------------------------------------------- pushing
     def may_push(self, f: int, window: int) -> bool:
-        """A push of f falls due: may it go, with fewer than `window` pushes of f still out?"""
+        """A push of f falls due: may it go, with fewer than `window` pushes of f still out?
+        Not while a rollback of f is unadopted: it would be made on a version the syncer lost,
+        refused as ahead of it and dropped; its progress waits in the model for the first
+        push after the adoption."""
+        if f in self.rollbacks:
+            return False
         self._release_answered(f)
         return len(self.awaiting[f]) < window
 

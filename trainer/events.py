@@ -40,7 +40,8 @@ KINDS = {
     "merge": "the syncer applied an outer step (fragment, version, contributors, tokens, staleness)",
     "apply": "a learner adopted a global fragment (fragment, version, alpha, discarded_tokens: unpushed work it overwrote)",
     "syncer_rollback": "a learner saw the syncer report a version below the one it held (fragment, held, "
-                       "syncer_version): it adopts the syncer's version next",
+                       "syncer_version, rebased: the seqs of its queued pushes now said to be made on the "
+                       "syncer's version): it adopts the syncer's version next, and pushes the fragment after",
     "join": "a learner incarnation joined (learner, incarnation, rejoin)",
     "leave": "a learner's connection closed",
     "heartbeat_lost": "a learner's lease expired and it was marked dead",

@@ -169,5 +169,8 @@ class PushProtocol:
     def note_versions(self, versions: list[int] | None) -> None:
         """Versions a reply carried: a syncer that went back is followed, and said."""
         for r in self.book.note_versions(versions):
+            # Queued pushes made on the lost versions would be refused as ahead of the syncer
+            # and dropped, their progress with them: they go on the version it has.
+            rebased = self.queue.rebase(r.fragment, r.theirs)
             self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
-                             incarnation=self.incarnation)
+                             incarnation=self.incarnation, rebased=[item.seq for item in rebased])

@@ -79,6 +79,20 @@ class PushQueue:
                 item.claimed = True
             return item
 
+    def rebase(self, fragment: int, version: int) -> list[OutgoingPush]:
+        """The syncer went back to `version` of `fragment`: its queued pushes made on a newer
+        (lost) version are said to be made on `version`, which the syncer has; a built
+        message is built again, under the same seq (their progress is their delta, whatever
+        version it was made on). Returns the pushes changed."""
+        changed = []
+        with self._cond:
+            for item in self._items:
+                if item.fragment == fragment and item.base_version > version:
+                    item.base_version = version
+                    item.message = None
+                    changed.append(item)
+        return changed
+
     def pop(self, push: OutgoingPush) -> None:
         with self._cond:
             self._items.remove(push)

@@ -66,13 +66,15 @@ def test_a_syncer_that_went_back_is_followed_once_to_its_own_version() -> None:
     assert book.note_versions([3]) == [Rollback(0, 11, 3)]
     assert book.note_versions([3]) == [], "a rollback is reported once"
     assert book.pulled_version(0) == -1, "what was pulled from the lost versions is dropped"
-    assert book.may_push(0, window=1), "the push awaiting a lost version no longer holds the window"
+    assert book.awaiting[0] == {}, "the push awaiting a lost version no longer holds the window"
+    assert not book.may_push(0, window=1), "a push made now would be made on version 10, which the syncer lost"
     assert book.pulls_wanted() == [0]
     book.put_pulled(0, 3, "v3")
     assert book.pulls_wanted() == []
     assert book.take(0) == Adoption(3, "v3", 11)
     book.adopt(0, 3)
     assert book.adopted == [3] and not book.rollbacks
+    assert book.may_push(0, window=1), "once version 3 is adopted, the learner pushes on it"
     book.note_versions([4])
     assert book.note_versions([4]) == [] and book.pulls_wanted() == [], "back to the ordinary rule"
 
@@ -87,3 +89,14 @@ def test_without_following_a_rollback_the_learner_never_adopts_again() -> None:
     for version in range(3, 11):  # the syncer merges again, up to the version held
         book.syncer = [version]
         assert book.pulls_wanted() == [] and book.take(0) is None
+
+
+def test_a_syncer_that_goes_back_again_before_the_first_is_adopted_is_followed_further() -> None:
+    book = VersionBook.starting_at([0])
+    book.adopt(0, 10)
+    assert book.note_versions([6]) == [Rollback(0, 10, 6)]
+    book.put_pulled(0, 6, "v6")
+    assert book.note_versions([4]) == [Rollback(0, 10, 4)], "the second loss was not followed"
+    assert book.pulled_version(0) == -1 and book.pulls_wanted() == [0], "it would await version 6, now gone"
+    book.put_pulled(0, 4, "v4")
+    assert book.take(0) == Adoption(4, "v4", 10)

@@ -8,9 +8,14 @@ bounded per incarnation; a push whose write failed is retried, and must not be b
 its own steps twice."""
 from __future__ import annotations
 
+import torch
+
 from tests.unit.syncer_rig import H, Rig, push_frame, wait_until
 from trainer import wire
 from trainer.adoption import VersionBook
+from trainer.events import EventLog, MemoryEvents
+from trainer.push_protocol import PushProtocol
+from trainer.pushes import OutgoingPush, PushQueue
 from trainer.syncer import Syncer
 
 
@@ -146,3 +151,44 @@ def test_every_fragments_pending_directory_is_made_at_recovery(rig: Rig) -> None
     assert all((rig.state_dir / "pending" / str(f)).is_dir() for f in range(2)), \
         "a pending directory left to the first pushes' threads can race (one acknowledges before it is durable)"
     assert s.frags[0].version == 0
+
+
+# ------------------------------------------------------------ a syncer that went back
+
+def _outgoing(seq: int, base_version: int) -> OutgoingPush:
+    return OutgoingPush(0, seq, base_version, 2048, 4, seq * 4, {"w": torch.ones(2)})
+
+
+def test_pushes_queued_on_lost_versions_are_rebased_on_the_syncers() -> None:
+    """The syncer came back at version 9; the learner held 10 and had pushes queued on it,
+    which the syncer refuses as ahead of it: they were dropped, their progress with them."""
+    book, queue = VersionBook.starting_at([10]), PushQueue(4)
+    memory = MemoryEvents()
+    events = EventLog(None, "learner-1", learner=1, memory=memory)
+    protocol = PushProtocol(1, 1, book, queue, events, "fp32", lambda: 0.0)
+    head = _outgoing(1, 10)
+    queue.put(head)
+    protocol.sent(queue.claim())
+    first = protocol.message(head, 512)  # sent, its answer lost as the syncer went down
+    queue.put(_outgoing(2, 10))  # made while the syncer was down
+    protocol.note_versions([9])
+    assert [(item.seq, item.base_version) for item in queue._items] == [(1, 9), (2, 9)]
+    again = protocol.message(head, 512)
+    assert again is not first and wire.parse_header(again.head)["base_version"] == 9
+    assert wire.parse_header(again.head)["seq"] == 1, "a rebased push keeps its id"
+    assert not book.may_push(0, window=1), "no push is made on version 10 until 9 is adopted"
+    rollback = [e for e in memory.events() if e["kind"] == "syncer_rollback"]
+    assert rollback and rollback[0]["rebased"] == [1, 2]
+
+
+def test_a_stored_push_retried_on_an_older_version_is_a_duplicate_not_ahead(rig: Rig) -> None:
+    s = rig.start(quorum=2, grace=3600.0)
+    c = rig.client(s)
+    c.hello(1, "n1")
+    rig.client(s).hello(2, "n2")
+    delta = rig.delta(s, 1)
+    assert c.send(push_frame(1, 1, 1, delta)).header["status"] == "accepted"
+    retried = c.send(push_frame(1, 1, 1, delta, base_version=5))  # rebased after a rollback it misread
+    assert retried.type == wire.ACK and retried.header["status"] == "duplicate", retried.header
+    fresh = c.send(push_frame(1, 1, 2, delta, base_version=5))
+    assert fresh.type == wire.ERROR and fresh.header["reason"] == "out_of_bounds", "a new push ahead is refused"

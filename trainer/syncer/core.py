@@ -583,9 +583,6 @@ class SyncerCore:
             raise ProtocolError(Reason.BAD_INCARNATION,
                                 f"push from incarnation {req.incarnation}, current is {m.incarnation}")
         frag = self.frags[req.index]
-        if req.base_version > frag.version:
-            raise ProtocolError(Reason.OUT_OF_BOUNDS, f"base_version={req.base_version} is ahead of fragment "
-                                                      f"{req.index}'s version {frag.version}")
         if ident in frag.reserved:
             # Its first attempt's file is still being written (a learner whose deadline passed
             # sent it again): "duplicate" would acknowledge a push that may not become durable.
@@ -594,6 +591,11 @@ class SyncerCore:
                                                   "send it again later")
         known = frag.known(ident)
         if not known:
+            # After the ledger: a push stored before this syncer went back is a duplicate, even
+            # if its retry says it was made on a version since lost (its learner rebased it).
+            if req.base_version > frag.version:
+                raise ProtocolError(Reason.OUT_OF_BOUNDS, f"base_version={req.base_version} is ahead of fragment "
+                                                          f"{req.index}'s version {frag.version}")
             elapsed = m.elapsed(self.monotonic())
             self.bounds.check_counts(steps=req.steps, tokens=req.tokens, step_tokens=req.step_tokens,
                                      claimed=m.claimed.get(req.index, 0), elapsed=elapsed)
