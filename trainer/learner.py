@@ -64,6 +64,7 @@ def heartbeat_due(link: Link, interval: float) -> float:
 # A clean stop pushes the residual progress if the syncer answers this soon; one round
 # trip takes ~50 ms, and a container's stop must stay under 2 s.
 DRAIN_TIMEOUT = 1.5
+BYE_WAIT = 1.0  # s a stop waits for the link to be free to say BYE (then it closes the socket)
 
 
 @dataclass(frozen=True)
@@ -585,12 +586,8 @@ class Learner:
             self.pushes.answered(item, reply, time.monotonic() - started)
 
     def _bye(self) -> None:
-        if self.link.connected:
-            try:
-                self.link.request(wire.message(wire.BYE, {}))
-            except (Refusal, *TRANSIENT):
-                pass
-        self.link.close()
+        """BYE, if the link is free within a second (a stop stays short: Link.bye)."""
+        self.link.bye(wait=BYE_WAIT)
 
     # ----------------------------------------------------------------- sync
     def _run_sync(self) -> int:

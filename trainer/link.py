@@ -167,6 +167,36 @@ class Link:
                     return self._handshake(want_params, seeded)
         raise ConnectionError("stopped before connecting")  # pragma: no cover (tenacity reraises)
 
+    def bye(self, wait: float) -> bool:
+        """Say BYE and close, for a stop that must stay short: the link is taken only if it is
+        free within `wait` s, and the BYE's answer (an ACK) is awaited for the request timeout,
+        not a deadline sized for a 64 MiB frame (37 s). A network thread still waiting on a
+        syncer gone silent (paused, a blackholed link) held a stop that long. When the link
+        stays busy, its socket is shut down instead: that thread's wait ends at once, and
+        the syncer, having no BYE, counts the learner out by its lease. Whether BYE was said."""
+        if not self.lock.acquire(timeout=max(0.0, wait)):
+            channel = self.channel
+            if channel is not None:
+                try:
+                    channel.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            return False
+        try:
+            if self.channel is None:
+                return False
+            deadline = time.monotonic() + self.request_timeout
+            try:
+                self.bytes_up += self.channel.send(wire.message(wire.BYE, {}), deadline)
+                self.bytes_down += self.channel.recv(deadline, max_payload=0).wire_bytes
+                return True
+            except TRANSIENT:
+                return False
+            finally:
+                self.close()
+        finally:
+            self.lock.release()
+
     def request(self, msg: wire.Message) -> wire.Frame:
         """One request on the current connection. On a transport error the link is closed."""
         with self.lock:
