@@ -66,8 +66,8 @@ def test_1_a_claimed_payload_is_never_allocated_before_the_secret_is_proven(rig:
             read_until_closed(sock, 5)  # the syncer closed it: recv ends
         grown = rss_bytes() - before
         assert grown < 64 << 20, f"the syncer grew by {grown >> 20} MiB for 16 unauthenticated connections"
-        with s.cond:
-            assert not s.admission.slots, "refused connections still hold slots"
+        # The syncer closes a socket, then frees its slot: the client sees the close first.
+        poll_until(lambda: not s.admission.slots, "the refused connections to give back their slots")
     finally:
         for sock in socks:
             sock.close()
