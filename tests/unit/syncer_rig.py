@@ -155,6 +155,14 @@ class Rig:
         g = torch.Generator().manual_seed(seed)
         return {n: torch.randn(s.shapes[n], generator=g) * 0.01 for n in s.specs[fragment].names}
 
+    def admitted(self, s: Syncer, seq: int):
+        """Learner 1's push `seq`, admitted by the core as the service would (under the
+        lock), with no socket: its ticket, the id reserved."""
+        msg = push_frame(1, 1, seq, self.delta(s, seq))
+        request = s.core.parse_push(wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload), 1)
+        with s.cond:
+            return s.core.admit_push(request)
+
     def crash(self, s: Syncer) -> None:
         """Halt a syncer as SIGKILL would: its threads stop; no final merge, no final state write."""
         s._running = False

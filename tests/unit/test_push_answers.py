@@ -19,16 +19,6 @@ from trainer.pushes import OutgoingPush, PushQueue
 from trainer.syncer import Syncer
 
 
-def _frame(msg: wire.Message) -> wire.Frame:
-    return wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload)
-
-
-def _admitted(s: Syncer, rig: Rig, seq: int):
-    request = s.core.parse_push(_frame(push_frame(1, 1, seq, rig.delta(s, seq))), 1)
-    with s.cond:
-        return s.core.admit_push(request)
-
-
 def _claimed(s: Syncer) -> int:
     return s.core.members.members[1].claimed.get(0, 0)
 
@@ -66,8 +56,8 @@ def test_holding_version_while_a_merge_is_written(rig: Rig) -> None:
     rig.client(s).hello(1, "n")
     frag = s.frags[0]
     with s.cond:
-        s.core.push_durable(_admitted(s, rig, 1))
-        s.core.push_durable(_admitted(s, rig, 2))
+        s.core.push_durable(rig.admitted(s, 1))
+        s.core.push_durable(rig.admitted(s, 2))
         frag.merging.add("1:1:1")  # push 1 was taken by the merge being written; push 2 arrived after
         frag.writing = True
         try:
@@ -94,13 +84,13 @@ def test_a_push_whose_write_failed_gives_its_claimed_steps_back(rig: Rig) -> Non
     s = rig.start()
     rig.client(s).hello(1, "n")
     norms = s.core.norms[0].recent
-    ticket = _admitted(s, rig, 1)
+    ticket = rig.admitted(s, 1)
     assert _claimed(s) == H, "admission claims the push's steps while its file is written"
     with s.cond:
         s.core.push_failed(ticket)
     assert _claimed(s) == 0 and len(norms) == 0, "a push that was never stored still counts"
 
-    retry = _admitted(s, rig, 1)  # the learner sends it again, same id
+    retry = rig.admitted(s, 1)  # the learner sends it again, same id
     with s.cond:
         s.core.push_durable(retry)
     assert _claimed(s) == H, "the retry's steps were claimed twice"
@@ -119,10 +109,10 @@ def test_a_merge_whose_write_failed_is_retried_with_its_own_pushes_alone(rig: Ri
     rig.client(s).hello(2, "n2")
     frag = s.frags[0]
     with s.cond:
-        s.core.push_durable(_admitted(s, rig, 1))
+        s.core.push_durable(rig.admitted(s, 1))
         plan = s.core.begin_merge(frag, "test")
         assert plan is not None and frag.writing
-        during = _admitted(s, rig, 2)
+        during = rig.admitted(s, 2)
         s.core.push_durable(during)
         assert during.version == 1, "accepted during the write: its learner awaits version 2"
         s.core.abort_merge(plan)  # the fragment file's write failed (ENOSPC)
@@ -138,7 +128,7 @@ def test_nothing_merges_once_the_disk_failed_a_sync(rig: Rig) -> None:
     rig.client(s).hello(1, "n1")
     frag = s.frags[0]
     with s.cond:
-        s.core.push_durable(_admitted(s, rig, 1))
+        s.core.push_durable(rig.admitted(s, 1))
         s.core.disk_failed = True  # a sync failed: the restart reads the state back and merges
         s.core.begin_pass()
         assert s.core.due(frag, s.core.monotonic() + 1e6) is None, "a merge was due on a disk that failed a sync"

@@ -5,20 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.syncer_rig import Rig, push_frame
-from trainer import wire
+from tests.unit.syncer_rig import Rig
 from trainer.syncer import Syncer
-
-
-def _frame(msg: wire.Message) -> wire.Frame:
-    return wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload)
-
-
-def _admitted(s: Syncer, rig: Rig, seq: int):
-    """Learner 1's push `seq`, admitted by the core: its ticket (the id reserved)."""
-    request = s.core.parse_push(_frame(push_frame(1, 1, seq, rig.delta(s, seq))), 1)
-    with s.cond:
-        return s.core.admit_push(request)
 
 
 def _joined(rig: Rig) -> Syncer:
@@ -29,7 +17,7 @@ def _joined(rig: Rig) -> Syncer:
 
 def test_a_push_whose_two_attempts_both_land_is_entered_once(rig: Rig) -> None:
     s = _joined(rig)
-    ticket = _admitted(s, rig, 3)
+    ticket = rig.admitted(s, 3)
     with s.cond:
         s.core.push_durable(ticket)
         s.core.push_durable(ticket)  # a second attempt's file, at the same path, made durable too
@@ -42,7 +30,7 @@ def test_no_merge_of_a_fragment_is_planned_while_one_is_being_written(rig: Rig) 
     merges of one version, each ledger without the other's pushes."""
     s = _joined(rig)
     with s.cond:
-        s.core.push_durable(_admitted(s, rig, 1))
+        s.core.push_durable(rig.admitted(s, 1))
         frag = s.frags[0]
         frag.writing = True  # a merge thread is writing this fragment, off the lock
         try:
@@ -56,8 +44,8 @@ def test_no_merge_of_a_fragment_is_planned_while_one_is_being_written(rig: Rig) 
 def test_a_quarantine_that_cannot_be_written_leaves_the_pushes_pending(rig: Rig, monkeypatch) -> None:
     s = _joined(rig)
     with s.cond:
-        s.core.push_durable(_admitted(s, rig, 1))
-        s.core.push_durable(_admitted(s, rig, 2))
+        s.core.push_durable(rig.admitted(s, 1))
+        s.core.push_durable(rig.admitted(s, 2))
     frag = s.frags[0]
 
     def unmergeable(*args, **kwargs):
