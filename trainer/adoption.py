@@ -146,6 +146,13 @@ class VersionBook:
         self._release_answered(f)
         return len(self.awaiting[f]) < window
 
+    def push_base(self, f: int) -> int:
+        """The version a push of f made now is made on: the one adopted, or, while a rollback
+        of f is not yet adopted (only a stop's residual push is made then), the syncer's: the
+        adopted one was lost, and a push on it would be refused as ahead of the syncer."""
+        rollback = self.rollbacks.get(f)
+        return self.adopted[f] if rollback is None else min(self.adopted[f], rollback[1])
+
     def sent(self, f: int, seq: int) -> None:
         """Push `seq` of f is on its way: the next push of f waits for its adoption."""
         self.awaiting[f].setdefault(seq, None)

@@ -298,7 +298,7 @@ class Learner:
                 delta = {n: refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
                 refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
             delta = {n: d.cpu() for n, d in delta.items()}  # encoded on the host
-            self.queue.put(OutgoingPush(f, seq, self.book.adopted[f], tokens_since[f], steps_since[f],
+            self.queue.put(OutgoingPush(f, seq, self.book.push_base(f), tokens_since[f], steps_since[f],
                                         self.position, delta, created_step=step, residual=residual,
                                         final=final))
             tokens_since[f] = steps_since[f] = 0

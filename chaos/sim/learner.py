@@ -152,7 +152,7 @@ class SimLearner(Stoppable):
         with torch.no_grad():
             delta = {n: self.refs[f][n] - self.params[n].detach() for n in self.fragment_names[f]}
             self.refs[f] = {n: self.params[n].detach().clone() for n in self.fragment_names[f]}
-        self.queue.put(OutgoingPush(f, self.seq, self.book.adopted[f], self.tokens_since[f], self.steps_since[f],
+        self.queue.put(OutgoingPush(f, self.seq, self.book.push_base(f), self.tokens_since[f], self.steps_since[f],
                                     self.position, delta, created_step=self.step, residual=residual, final=final))
         self.tokens_since[f] = self.steps_since[f] = 0
         self.last_push_step[f] = self.step

@@ -100,3 +100,16 @@ def test_a_syncer_that_goes_back_again_before_the_first_is_adopted_is_followed_f
     assert book.pulled_version(0) == -1 and book.pulls_wanted() == [0], "it would await version 6, now gone"
     book.put_pulled(0, 4, "v4")
     assert book.take(0) == Adoption(4, "v4", 10)
+
+
+def test_a_push_made_while_a_rollback_is_unadopted_is_made_on_the_syncers_version() -> None:
+    """Only a stop's residual push is made then: on the lost version it was refused as ahead."""
+    book = VersionBook.starting_at([0])
+    book.adopt(0, 10)
+    assert book.push_base(0) == 10
+    book.note_versions([7])
+    assert book.push_base(0) == 7
+    book.put_pulled(0, 7, "v7")
+    assert book.take(0) is not None
+    book.adopt(0, 7)
+    assert book.push_base(0) == 7 and not book.rollbacks
