@@ -511,8 +511,8 @@ class Learner:
             self.fatal = SystemExit(f"learner-{self.opts.learner}: syncer refused: {exc}")
             self.stop.set()
             return True
-        if outcome is Refused.DEFERRED:  # the syncer's disk: the push is kept, sent again, same id
-            return False
+        # A deferred push (the syncer's disk, or `internal`) is kept and sent again, same id,
+        # after its backoff; `internal` closed the syncer's end of the connection too.
         if not isinstance(exc.reason, Reason) or exc.reason.closes_connection:
             self.link.close(f"refused: {exc}")
         if outcome is Refused.IGNORED:

@@ -97,8 +97,10 @@ _CLOSING = frozenset({Reason.BAD_MAGIC, Reason.BAD_VERSION, Reason.OVERSIZED, Re
                       Reason.HANDSHAKE_TIMEOUT, Reason.CONNECTION_LIMIT, Reason.MODE_MISMATCH, Reason.BAD_LEARNER,
                       Reason.BAD_IDENTITY, Reason.INTERNAL})
 
-# A learner that hears one of these keeps its push and retries it after a backoff.
-RETRY_LATER_REASONS = frozenset({Reason.STORAGE_FULL, Reason.STORAGE_IO, Reason.IN_FLIGHT})
+# A learner that hears one of these keeps its push and retries it after a backoff, under the
+# same id. `internal` among them: a syncer that failed handling a push may have stored it
+# first, or not, so its fate is unknown; the retry is answered duplicate if it was stored.
+RETRY_LATER_REASONS = frozenset({Reason.STORAGE_FULL, Reason.STORAGE_IO, Reason.IN_FLIGHT, Reason.INTERNAL})
 
 # A learner that hears one of these cannot do better by retrying: it stops.
 FATAL_REASONS = frozenset({Reason.MODE_MISMATCH, Reason.BAD_LEARNER, Reason.BAD_IDENTITY})

@@ -140,7 +140,8 @@ class PushProtocol:
             return Refused.IGNORED
         item = self.queue.peek()
         if str(reason) in RETRY_LATER_REASONS:
-            # The syncer's disk: the push is kept and sent again, same id, after a backoff.
+            # The syncer's disk, or its error (`internal`, the push stored or not): the push
+            # is kept and sent again, same id, after a backoff.
             self.refusals_in_a_row += 1
             delay = backoff(self.refusals_in_a_row, self.rng)
             self.retry_at = self.monotonic() + delay

@@ -14,8 +14,9 @@ from trainer import learner as learner_module
 from trainer.protocol import Reason, Refusal
 
 
-def run(reason: Reason, refusals: int) -> tuple[list[float], list[float], list[dict]]:
-    """(times a push was sent, times a heartbeat was sent, events) until the push is taken."""
+def run(reason: Reason, refusals: int, closes: list | None = None) -> tuple[list[float], list[float], list[dict]]:
+    """(times a push was sent, times a heartbeat was sent, events) until the push is taken.
+    `closes`: where the link's closes are noted; None, a close fails the test."""
     clock = Clock()
     item = SimpleNamespace(fragment=0, seq=7, claimed=True)
     sends: list[float] = []
@@ -39,7 +40,10 @@ def run(reason: Reason, refusals: int) -> tuple[list[float], list[float], list[d
         raise AssertionError(f"the push was dropped after {exc}")
 
     fake, events = harness(clock, [item], Stop(clock), request, send_push)
-    fake.link.close = lambda reason=None: pytest.fail(f"link closed: {reason}")
+    if closes is None:
+        fake.link.close = lambda reason=None: pytest.fail(f"link closed: {reason}")
+    else:
+        fake.link.closes = closes
     # The real rules (push_protocol.py) on the fake queue and clock; a push dropped is a failure.
     fake.queue.pop = lambda pushed: dropped(Refusal(reason, "popped"))
     run_loop(fake, clock)
@@ -56,3 +60,17 @@ def test_a_storage_refusal_keeps_the_push_backs_off_and_heartbeats_meanwhile(rea
     assert max(quiet) <= INTERVAL + 1e-6, f"the link went quiet for {max(quiet):.2f} s during the backoff"
     deferred = [e for e in events if e["kind"] == "push_deferred"]
     assert len(deferred) == 6 and deferred[0]["reason"] == str(reason) and deferred[0]["seq"] == 7
+
+
+def test_an_internal_refusal_keeps_the_push_of_unknown_fate_and_sends_it_again_on_a_new_connection() -> None:
+    """`internal`: the syncer failed handling the push, perhaps after storing it, and closed the
+    connection. Dropping the push lost its progress when it was not stored; kept and sent again
+    under its id, it is answered duplicate when it was."""
+    closes: list = []
+    sends, _, events = run(Reason.INTERNAL, refusals=3, closes=closes)
+    assert len(sends) == 4, "the same push is sent again until it is taken"
+    assert len(closes) == 3 and all("internal" in str(c) for c in closes), f"link closes: {closes}"
+    gaps = [b - a for a, b in zip(sends, sends[1:])]
+    assert min(gaps) > 0.05, f"sent again with no backoff: {gaps}"
+    deferred = [e for e in events if e["kind"] == "push_deferred"]
+    assert [e["reason"] for e in deferred] == ["internal"] * 3 and deferred[0]["seq"] == 7
