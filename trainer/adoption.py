@@ -82,6 +82,24 @@ class VersionBook:
                 found.append(Rollback(f, held, theirs))
         return found
 
+    def note_waiting(self, waiting: list[int] | None) -> None:
+        """How many of this learner's pushes of each fragment the syncer holds unmerged, from
+        the reply whose versions were just noted. None of f: every push of f it answered is in
+        the syncer's version (or was quarantined), whatever version its ACK promised, so the
+        book awaits that version instead. A syncer that restarted after a merge's write failed
+        merges the pushes accepted during that write a version early, and the promised one
+        came only with another push of f: never, for a learner whose window was full and
+        that pushed f alone."""
+        if not isinstance(waiting, list) or len(waiting) != len(self.syncer):
+            return  # a syncer that does not say (sync mode, an older one): the promises stand
+        for f, count in enumerate(waiting):
+            target = self.targets[f]
+            if count != 0 or target is None or f in self.rollbacks or target <= self.syncer[f]:
+                continue
+            held = self.syncer[f]
+            self.targets[f] = held if held > self.adopted[f] else None
+            self.awaiting[f] = {seq: v if v is None else min(v, held) for seq, v in self.awaiting[f].items()}
+
     def answered(self, f: int, seq: int, version: int) -> None:
         """Push `seq` of f was answered: the version that holds it (accepted) or the one that
         releases it (a duplicate, a stale drop, a refusal)."""

@@ -482,7 +482,7 @@ class Learner:
                     # Awaiting a merge: a long poll, answered as soon as a version passes the ones known.
                     poll = {"wait_ms": self._poll_ms(), "versions": known} if known else {}
                     beat = self.link.request(wire.message(wire.HEARTBEAT, poll))
-                    self._note_versions(beat.header.get("versions"))
+                    self._note_versions(beat.header.get("versions"), beat.header.get("waiting"))
                 self._pull_new_versions()
                 self.failures_in_a_row = 0
                 due = heartbeat_due(self.link, self.cfg.heartbeat_interval)
@@ -535,9 +535,9 @@ class Learner:
         with self._versions_lock:
             return self.book.awaited()
 
-    def _note_versions(self, versions: list[int] | None) -> None:
+    def _note_versions(self, versions: list[int] | None, waiting: list[int] | None = None) -> None:
         with self._versions_lock:
-            self.pushes.note_versions(versions)
+            self.pushes.note_versions(versions, waiting)
 
     def _pull_new_versions(self) -> None:
         with self._versions_lock:

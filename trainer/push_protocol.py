@@ -167,11 +167,13 @@ class PushProtocol:
             self.book.awaiting[item.fragment].pop(first, None)
             self.book.sent(item.fragment, item.seq)
 
-    def note_versions(self, versions: list[int] | None) -> None:
-        """Versions a reply carried: a syncer that went back is followed, and said."""
+    def note_versions(self, versions: list[int] | None, waiting: list[int] | None = None) -> None:
+        """Versions a reply carried: a syncer that went back is followed, and said. `waiting`
+        (a heartbeat's answer): this learner's pushes per fragment the syncer has not merged."""
         for r in self.book.note_versions(versions):
             # Queued pushes made on the lost versions would be refused as ahead of the syncer
             # and dropped, their progress with them: they go on the version it has.
             rebased = self.queue.rebase(r.fragment, r.theirs)
             self.events.emit("syncer_rollback", fragment=r.fragment, held=r.held, syncer_version=r.theirs,
                              incarnation=self.incarnation, rebased=[item.seq for item in rebased])
+        self.book.note_waiting(waiting)

@@ -281,7 +281,7 @@ class SimLearner(Stoppable):
             # (the live learner's; the world holds it, chaos/sim/world.py).
             poll = {"wait_ms": self._poll_ms(), "versions": known} if known else {}
             self._send("heartbeat", wire.message(wire.HEARTBEAT, poll), lambda r: self._note_versions(
-                r.header.get("versions")))
+                r.header.get("versions"), r.header.get("waiting")))
         else:
             retry_at = self.pushes.retry_at
             self._pump_at(min(due, retry_at) if retry_at > self.time.now else due)
@@ -372,6 +372,6 @@ class SimLearner(Stoppable):
 
         self._send("pull", wire.message(wire.PULL, {"fragment": f}), pulled)
 
-    def _note_versions(self, versions: list[int] | None) -> None:
+    def _note_versions(self, versions: list[int] | None, waiting: list[int] | None = None) -> None:
         assert self.pushes is not None
-        self.pushes.note_versions(versions)
+        self.pushes.note_versions(versions, waiting)

@@ -81,7 +81,7 @@ def harness(clock: Clock, queue_items: list, stop: Stop, request, send_push, con
     fake = SimpleNamespace(
         closing=closing, drain_over=Stop(clock), stop=stop, link=link, queue=queue, failures_in_a_row=0,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push, _pull_new_versions=lambda: None,
-        _note_versions=lambda versions: None, _awaited=lambda: None, pushes=pushes, _versions_lock=threading.Lock(),
+        _note_versions=lambda versions, waiting=None: None, _awaited=lambda: None, pushes=pushes, _versions_lock=threading.Lock(),
         events=log, opts=SimpleNamespace(learner=1), fatal=None, pulled_on_this_connection=set())
     fake._refused = lambda exc, about_push: learner_module.Learner._refused(fake, exc, about_push)
     fake._back_off = lambda: learner_module.Learner._back_off(fake)

@@ -155,11 +155,11 @@ class Rig:
         g = torch.Generator().manual_seed(seed)
         return {n: torch.randn(s.shapes[n], generator=g) * 0.01 for n in s.specs[fragment].names}
 
-    def admitted(self, s: Syncer, seq: int):
-        """Learner 1's push `seq`, admitted by the core as the service would (under the
-        lock), with no socket: its ticket, the id reserved."""
-        msg = push_frame(1, 1, seq, self.delta(s, seq))
-        request = s.core.parse_push(wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload), 1)
+    def admitted(self, s: Syncer, seq: int, learner: int = 1):
+        """`learner`'s push `seq` (incarnation 1), admitted by the core as the service would
+        (under the lock), with no socket: its ticket, the id reserved."""
+        msg = push_frame(learner, 1, seq, self.delta(s, seq))
+        request = s.core.parse_push(wire.Frame(msg.type, wire.parse_header(msg.head), msg.payload), learner)
         with s.cond:
             return s.core.admit_push(request)
 

@@ -123,6 +123,79 @@ def test_a_merge_whose_write_failed_is_retried_with_its_own_pushes_alone(rig: Ri
         assert frag.version == 2 and frag.applied == ["1:1:1", "1:1:2"], "the promised version did not hold the push"
 
 
+def test_a_lone_learner_whose_push_merged_before_its_promised_version_after_a_restart_pushes_again(
+        rig: Rig) -> None:
+    """Learner 1's push, accepted while learner 2's merge was written, is promised version 2.
+    The write fails, and so does the syncer (a failed sync ends it). Recovery knows no
+    promises: it merges both recovered pushes into version 1. Learner 2 has left; learner 1,
+    pushing with a window of 1, awaited version 2, which only another push of the fragment
+    could make: it never pushed again. A heartbeat's answer says how many of its pushes the
+    syncer still holds: none, so it awaits the version it can pull."""
+    s = rig.start(quorum=2, grace=3600.0)  # nothing merges on its own: the test drives it
+    rig.client(s).hello(1, "n1")
+    rig.client(s).hello(2, "n2")
+    frag = s.frags[0]
+    s._store_push(rig.admitted(s, 1, learner=2))  # its file durable, as the service stores it
+    with s.cond:
+        plan = s.core.begin_merge(frag, "test")
+        assert plan is not None
+    during = rig.admitted(s, 1, learner=1)
+    s._store_push(during)
+    assert during.version == 1, "accepted during the write: its learner awaits version 2"
+    with s.cond:
+        s.core.disk_failed = True  # the fragment file's sync failed: the syncer merges nothing more, exits
+        s.core.abort_merge(plan)
+    rig.crash(s)
+
+    book = VersionBook.starting_at([0])
+    protocol = PushProtocol(1, 1, book, PushQueue(4), EventLog(None, "learner-1", learner=1), "fp32", lambda: 0.0)
+    book.sent(0, 1)
+    book.answered(0, 1, during.version + 1)  # the ACK (version 1) promised version 2
+
+    r = rig.start(quorum=1, grace=0.0)  # learner 2 is gone: learner 1 pushes alone
+    c = rig.client(r)
+    c.hello(1, "n1")
+    wait_until(r, lambda: r.frags[0].version >= 1 and not r.frags[0].pending, "the recovered pushes to merge")
+    assert r.frags[0].version == 1 and sorted(r.frags[0].applied) == ["1:1:1", "2:1:1"], \
+        "the control: recovery merges both pushes into version 1"
+    beat = c.request("HEARTBEAT")
+    assert beat.header["waiting"] == [0] and beat.header["versions"] == [1], beat.header
+    protocol.note_versions(beat.header["versions"])
+    assert book.pulls_wanted() == [] and book.awaited() == [1], "the bug: the promise alone awaits version 2"
+    protocol.note_versions(beat.header["versions"], beat.header["waiting"])
+    assert book.pulls_wanted() == [0], "the learner does not pull version 1, which holds its push"
+    book.put_pulled(0, 1, "theta-1")
+    adoption = book.take(0)
+    assert adoption is not None and adoption.version == 1
+    book.adopt(0, 1)
+    assert book.may_push(0, window=1), "the learner still awaits version 2 and never pushes fragment 0 again"
+
+
+def test_a_heartbeat_counts_the_learners_pushes_not_yet_merged(rig: Rig) -> None:
+    s = rig.start(quorum=2, grace=3600.0)
+    c1, c2 = rig.client(s), rig.client(s)
+    c1.hello(1, "n1")
+    c2.hello(2, "n2")
+    assert c1.send(push_frame(1, 1, 1, rig.delta(s, 1))).header["status"] == "accepted"
+    assert c1.request("HEARTBEAT").header["waiting"] == [1]
+    assert c2.request("HEARTBEAT").header["waiting"] == [0], "another learner's push counted"
+    assert c2.send(push_frame(2, 1, 1, rig.delta(s, 2))).header["status"] == "accepted"
+    wait_until(s, lambda: s.frags[0].version == 1, "the quorum's merge")
+    assert c1.request("HEARTBEAT").header["waiting"] == [0]
+
+
+def test_a_learner_keeps_awaiting_its_promised_version_while_its_push_is_held() -> None:
+    """The control: while the syncer holds a push, or says nothing (sync mode, an older
+    syncer), the promise stands."""
+    for waiting in ([1], None, [0, 0]):
+        book = VersionBook.starting_at([0])
+        book.sent(0, 1)
+        book.answered(0, 1, 2)
+        book.note_versions([1])
+        book.note_waiting(waiting)
+        assert book.targets[0] == 2 and not book.pulls_wanted(), waiting
+
+
 def test_nothing_merges_once_the_disk_failed_a_sync(rig: Rig) -> None:
     s = rig.start(quorum=2, grace=3600.0)
     rig.client(s).hello(1, "n1")

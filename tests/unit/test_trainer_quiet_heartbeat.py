@@ -90,7 +90,7 @@ def run_loop(monkeypatch: pytest.MonkeyPatch, push_every: float | None,
     fake = SimpleNamespace(
         closing=closing, drain_over=threading.Event(), stop=threading.Event(), link=link, queue=queue,
         cfg=SimpleNamespace(heartbeat_interval=INTERVAL), _send_push=send_push,
-        _pull_new_versions=lambda: None, _note_versions=lambda versions: None, _awaited=lambda: awaited, _poll_ms=lambda: int(INTERVAL * 1000),
+        _pull_new_versions=lambda: None, _note_versions=lambda versions, waiting=None: None, _awaited=lambda: awaited, _poll_ms=lambda: int(INTERVAL * 1000),
         pushes=SimpleNamespace(deferred=lambda now: False, retry_at=0.0))
     learner_module.Learner._network_loop(fake)  # type: ignore[arg-type]
     if link_out is not None:

@@ -510,12 +510,26 @@ class SyncerCore:
         """A version has passed one a long poll knows: answer it now."""
         return any(f.version > k for f, k in zip(self.frags, known))
 
-    def beat(self) -> wire.Message:
-        """A heartbeat's answer: the fragments' versions and how many learners are alive."""
-        header = {"versions": self.versions(), "alive": len(self.members.alive())}
+    def beat(self, learner: int | None = None) -> wire.Message:
+        """A heartbeat's answer: the fragments' versions and how many learners are alive, and
+        for the learner asking, how many of its pushes of each fragment are not merged yet."""
+        header: dict = {"versions": self.versions(), "alive": len(self.members.alive())}
         if self.sync is not None:
             header["round"] = self.sync.round
+        elif learner is not None:
+            header["waiting"] = self.waiting(learner)
         return wire.message(wire.BEAT, header)
+
+    def waiting(self, learner: int) -> list[int]:
+        """Per fragment, the pushes of `learner` stored or being stored and not merged: none
+        means each push it was answered for is in a version it can pull now (or quarantined).
+        An ACK's promised version is not enough to wait on: a restarted syncer knows no
+        promises, and merges every recovered push in its first merge, which can come a
+        version before the one promised to a push accepted while a merge failed to be
+        written (a learner awaiting that version waited for ever when it pushed alone)."""
+        prefix = f"{learner}:"
+        return [sum(1 for p in f.pending if p.contribution.learner == learner)
+                + sum(1 for i in f.merging | f.reserved if i.startswith(prefix)) for f in self.frags]
 
     def pull(self, frame: wire.Frame) -> tuple[dict, dict[str, torch.Tensor], str | None]:
         """A PULL's answer: its header, tensors, and the encoding they still need (None: the

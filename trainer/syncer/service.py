@@ -456,7 +456,7 @@ class Syncer:
                 finally:
                     if m is not None:
                         m.busy, m.last_seen = False, self.monotonic()
-            return self.core.beat()
+            return self.core.beat(learner)
 
     def _on_bye(self, frame: wire.Frame, learner: int) -> wire.Message:
         with self.cond:
