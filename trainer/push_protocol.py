@@ -26,6 +26,10 @@ from .pushes import OutgoingPush, PushQueue
 
 RENAMED_SEQ_STRIDE = 1 << 32  # the fresh_id_on_retry defect's new seqs: never one the learner will use
 POLL_FLOOR_MS = 5  # the shortest long poll: a tighter loop would only spin
+# A push answered `internal` this many times in a row is dropped as a refused push is: a
+# syncer that fails on it every time (a bug of ours) must not hold up every push behind it,
+# nor drop its learner's connection every backoff for the rest of the run.
+INTERNAL_RETRIES = 3
 # Seconds between sends after "not now" (storage) refusals: 0.2 doubling to 2, plus up to 0.2 of jitter.
 BACKOFF_INITIAL, BACKOFF_MAX, BACKOFF_JITTER = 0.2, 2.0, 0.2
 
@@ -79,6 +83,7 @@ class PushProtocol:
         self.defect = defect  # a planted learner defect (trainer/defects.py), or None
         self.renamed: dict[int, int] = {}  # fresh_id_on_retry: a push's seq now -> the seq the book knows
         self.refusals_in_a_row = 0
+        self.internal_in_a_row = 0  # the head push's `internal` answers: INTERNAL_RETRIES bounds them
         self.retry_at = 0.0  # the head push waits until then after a "not now" refusal
 
     def ident(self, item: OutgoingPush) -> str:
@@ -116,7 +121,7 @@ class PushProtocol:
     def answered(self, item: OutgoingPush, reply: wire.Frame, latency: float) -> None:
         """The syncer answered the push (accepted, duplicate or stale): it leaves the queue,
         and the version that will hold it is awaited."""
-        self.refusals_in_a_row = 0
+        self.refusals_in_a_row = self.internal_in_a_row = 0
         self.queue.pop(item)
         self.note_versions(reply.header.get("versions"))
         status = reply.header.get("status")
@@ -139,7 +144,9 @@ class PushProtocol:
         if not about_push:
             return Refused.IGNORED
         item = self.queue.peek()
-        if str(reason) in RETRY_LATER_REASONS:
+        if str(reason) == Reason.INTERNAL.value:
+            self.internal_in_a_row += 1
+        if str(reason) in RETRY_LATER_REASONS and self.internal_in_a_row <= INTERNAL_RETRIES:
             # The syncer's disk, or its error (`internal`, the push stored or not): the push
             # is kept and sent again, same id, after a backoff.
             self.refusals_in_a_row += 1
@@ -150,6 +157,7 @@ class PushProtocol:
                              **({"fragment": item.fragment, "seq": item.seq}
                                 if item is not None and item.claimed else {}))
             return Refused.DEFERRED
+        self.refusals_in_a_row = self.internal_in_a_row = 0
         if item is None or not item.claimed:
             return Refused.IGNORED
         self.queue.pop(item)

@@ -1,6 +1,7 @@
 """A learner refused for the syncer's disk (storage_full, storage_io) keeps its push and
 sends it again after a growing backoff, instead of dropping it or reconnecting in a loop,
-and heartbeats while it waits, so the backoff never costs it its lease.
+and heartbeats while it waits, so the backoff never costs it its lease. A push answered
+`internal` (stored or not, nobody can say) is kept too, a bounded number of times.
 
 Drives Learner._network_loop on a fake clock (tests/unit/learner_loop_rig.py)."""
 from __future__ import annotations
@@ -8,10 +9,15 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from tests.unit.learner_loop_rig import INTERVAL, Clock, Stop, harness, run_loop
 from trainer import learner as learner_module
+from trainer.adoption import VersionBook
+from trainer.events import EventLog, MemoryEvents
 from trainer.protocol import Reason, Refusal
+from trainer.push_protocol import INTERNAL_RETRIES, PushProtocol, Refused
+from trainer.pushes import OutgoingPush, PushQueue
 
 
 def run(reason: Reason, refusals: int, closes: list | None = None) -> tuple[list[float], list[float], list[dict]]:
@@ -74,3 +80,23 @@ def test_an_internal_refusal_keeps_the_push_of_unknown_fate_and_sends_it_again_o
     assert min(gaps) > 0.05, f"sent again with no backoff: {gaps}"
     deferred = [e for e in events if e["kind"] == "push_deferred"]
     assert [e["reason"] for e in deferred] == ["internal"] * 3 and deferred[0]["seq"] == 7
+
+
+def test_a_push_answered_internal_every_time_is_dropped_after_a_few_tries() -> None:
+    """A syncer that fails on one push every time (a bug of ours) must not hold every push
+    behind it for the rest of the run, nor cut its learner's connection every backoff."""
+    book, queue, memory = VersionBook.starting_at([0]), PushQueue(4), MemoryEvents()
+    protocol = PushProtocol(1, 1, book, queue, EventLog(None, "learner-1", learner=1, memory=memory), "fp32",
+                            lambda: 0.0)
+    head = OutgoingPush(0, 1, 0, 2048, 4, 4, {"w": torch.ones(2)})
+    queue.put(head)
+    protocol.sent(queue.claim())
+    outcomes = [protocol.refused(Reason.INTERNAL, "boom", about_push=True) for _ in range(INTERNAL_RETRIES + 1)]
+    assert outcomes == [Refused.DEFERRED] * INTERNAL_RETRIES + [Refused.DROPPED], outcomes
+    assert len(queue) == 0 and book.may_push(0, window=1), "the dropped push still holds its fragment"
+    refused = [e for e in memory.events() if e["kind"] == "push" and e.get("status") == "refused"]
+    assert len(refused) == 1 and refused[0]["reason"] == "internal"
+    # The next push starts a count of its own.
+    queue.put(OutgoingPush(0, 2, 0, 2048, 4, 8, {"w": torch.ones(2)}))
+    protocol.sent(queue.claim())
+    assert protocol.refused(Reason.INTERNAL, "boom", about_push=True) is Refused.DEFERRED
