@@ -49,6 +49,11 @@ HEAL_ROUNDS = 3.0     # self_heal / rejoined: rounds after a heal (and any resta
 # by that much more (the simulator's schedule property found a 1.6 s latency on the only
 # learner left, merges every 9.6 s, judged by a 4.9 s allowance).
 MERGE_ROUND_TRIPS = 3
+# progress: a stretch that a merge ends may also take that merge's own duration (its outer
+# step and its fragment file's write and sync: the disk's pace, on the run's own clock; a
+# 3.5 s fsync stall under a loaded suite once failed a 3.96 s allowance), at most the
+# allowance once more, so a syncer frozen in the middle of a merge is still caught.
+MERGE_TIME_CAP = 1.0  # of max_gap
 BEHIND_ROUNDS = 3.0   # converged: rounds a learner may hold a superseded version at its stop
 # final_loss against a fault-free reference at equal merged tokens: the largest deviation
 # of a fault-free run's loss from another's best by the same tokens, past 100k merged
@@ -310,6 +315,16 @@ def link_delays(view: RunView) -> dict[str, list[tuple[float, float, float]]]:
     return out
 
 
+def merge_durations(view: RunView) -> dict[float, float]:
+    """When each merge that moved Θ committed -> how long it took (its `seconds`: the outer
+    step, the fragment file's write and sync), the longest where several share a time."""
+    took: dict[float, float] = {}
+    for e in view.events:
+        if e["kind"] == "merge" and _moved(e):
+            took[e["t"]] = max(took.get(e["t"], 0.0), float(e.get("seconds") or 0.0))
+    return took
+
+
 def _delay(t: float, windows: list[tuple[float, float, float]]) -> float:
     return sum(d for a, b, d in windows if a <= t <= b)
 
@@ -325,6 +340,7 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
     times the least of their added round-trip delays (a given max_gap too: it is the
     fault's own cost). Explicit numbers replace either."""
     times = view.progress_times()
+    took = merge_durations(view)
     if not times:
         merges = sum(1 for e in view.events if e["kind"] == "merge")
         if merges:
@@ -357,10 +373,12 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
                 if delays:
                     slowed = max(slowed, min(_delay(t, delays.get(f"learner-{i}", [])) for i in up) if up else 0.0)
             t += step
-        allowed = max_gap + MERGE_ROUND_TRIPS * slowed
+        merging = min(took.get(b, 0.0), MERGE_TIME_CAP * max_gap)
+        allowed = max_gap + MERGE_ROUND_TRIPS * slowed + merging
         if healthy > allowed:
             violations.append({"from": view.rel(a), "to": view.rel(b), "healthy_seconds": round(healthy, 2),
-                               **({"allowed_with_latency": round(allowed, 2)} if slowed else {})})
+                               **({"allowed_with_latency": round(allowed, 2)} if slowed else {}),
+                               **({"closing_merge_seconds": round(merging, 3)} if merging else {})})
     evidence = {"progress_events": len(times), "max_gap": max_gap, "violations": violations,
                 "first": view.rel(times[0]), "last": view.rel(times[-1]), "pace": pace.to_dict(),
                 "max_gap_from": "given" if given else allowance}

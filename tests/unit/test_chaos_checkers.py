@@ -525,7 +525,27 @@ def test_progress_allows_a_latency_on_every_learner_up_its_round_trips_and_no_mo
     assert check_progress(view(slow, without), max_gap=5.0).status == FAIL
     verdict = check_progress(view(stalled, with_latency), max_gap=5.0)
     assert verdict.status == FAIL
-    assert verdict.evidence["violations"][0]["allowed_with_latency"] == pytest.approx(5.0 + 3 * 3.2)
+    # ... and the closing merge's own 0.01 s
+    assert verdict.evidence["violations"][0]["allowed_with_latency"] == pytest.approx(5.0 + 3 * 3.2 + 0.01)
+
+def _closing_merge_took(events: list[dict], t: float, seconds: float) -> list[dict]:
+    """The events with the merge at `t` taking `seconds` (its write and sync) instead of 0.01."""
+    return [{**e, "seconds": seconds} if e["kind"] == "merge" and e["t"] == T0 + t else e for e in events]
+
+
+def test_progress_allows_a_stretch_its_closing_merges_own_time_and_no_more():
+    """A merge whose fragment file took 2.5 s to write and sync (a disk stalled by a loaded
+    machine) closes a 7 s stretch against a 5 s allowance: its own time is the disk's pace,
+    and passes. The same stretch closed by a fast merge fails, and so does a syncer frozen
+    for 20 s in the middle of a merge: a merge's time counts at most one allowance more."""
+    gap = training(80.0, syncer_down=[(20.0, 25.5)])  # merges at 19 s, then 26 s
+    assert check_progress(view(gap), max_gap=5.0).status == FAIL, "the control: a fast closing merge"
+    assert check_progress(view(_closing_merge_took(gap, 26.0, 2.5)), max_gap=5.0).status == PASS
+    frozen = _closing_merge_took(training(80.0, syncer_down=[(20.0, 40.5)]), 41.0, 21.0)
+    verdict = check_progress(view(frozen), max_gap=5.0)
+    assert verdict.status == FAIL, verdict.evidence
+    assert verdict.evidence["violations"][0]["closing_merge_seconds"] == 5.0
+
 
 def test_progress_ignores_the_start_up_recovery():
     """The first `recovery` seconds after `begin` are not judged: a first merge at 25 s is fine, at 35 s not."""
