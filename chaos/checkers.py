@@ -340,7 +340,6 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
     times the least of their added round-trip delays (a given max_gap too: it is the
     fault's own cost). Explicit numbers replace either."""
     times = view.progress_times()
-    took = merge_durations(view)
     if not times:
         merges = sum(1 for e in view.events if e["kind"] == "merge")
         if merges:
@@ -356,6 +355,7 @@ def check_progress(view: RunView, max_gap: float | None = None, quorum: int = 1,
     how = "given" if given else f"{GAP_ROUNDS:g} rounds of {pace.round_period:.2f}s + fixed waits"
     impaired = impaired_intervals(view, recovery)
     delays = link_delays(view)
+    took = merge_durations(view)
     learners = view.learners()
     step = 0.25
     violations = []
