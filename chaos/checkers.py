@@ -418,6 +418,29 @@ def _hits(window: Window, learner: int) -> bool:
                                                      & {"syncer", f"learner-{learner}"})
 
 
+def _heal_deadline(view: RunView, w: Window, learner: int, windows: list[Window], base: float,
+                   allowance: Callable[[Window], float]) -> tuple[float, list[int | None]]:
+    """When `learner` must have contributed after `w` heals, and the faults that moved it:
+    `base` s after `w` ends, moved to another fault's own deadline when that fault starts
+    before the time is up, or still holds the learner (or its recovery does) when `w` ends.
+    A fixed point: a move can bring a fault that starts later into the time, whatever the
+    order the windows come in (the process exits come after the scheduled faults)."""
+    deadline, extended_by = w.stop + base, []
+    pending = [other for other in windows if other is not w and _hits(other, learner)]
+    for _ in range(len(pending)):
+        moving = [other for other in pending
+                  if w.stop < other.start <= deadline
+                  # Still holding the learner, or its recovery is (a unit's cold restart outlasts a pause after it).
+                  or other.start <= w.stop < other.stop + view.recovery(other)]
+        if not moving:
+            break
+        for other in moving:
+            deadline = max(deadline, other.stop + allowance(other))
+            extended_by.append(other.index)
+            pending.remove(other)
+    return deadline, extended_by
+
+
 def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
     """Every learner a fault killed, paused or cut off contributes a merged update within
     `within` seconds after that fault healed (a syncer fault counts for every learner).
@@ -449,14 +472,7 @@ def check_self_heal(view: RunView, within: float | None = None) -> Verdict:
         # In learner order: a set of names iterates in an order that changes with the hash seed.
         learners = view.learners() if "syncer" in units else sorted(int(u.split("-")[1]) for u in units)
         for learner in learners:
-            deadline, extended_by = w.stop + base, []
-            for other in windows:
-                later = other.start > w.stop and other.start <= deadline
-                # Still holding the learner, or its recovery is (a unit's cold restart outlasts a pause after it).
-                ongoing = other is not w and other.start <= w.stop < other.stop + view.recovery(other)
-                if (later or ongoing) and _hits(other, learner):
-                    deadline = max(deadline, other.stop + allowance(other))
-                    extended_by.append(other.index)
+            deadline, extended_by = _heal_deadline(view, w, learner, windows, base, allowance)
             # A latency toxic on the learner's link during its recovery slows each round trip
             # of it (the reconnect, the push, hearing of the merge) by what it adds: the
             # simulator's long run found a recovery 1.2 s late behind 3 s of latency each way.

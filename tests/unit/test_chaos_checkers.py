@@ -632,6 +632,27 @@ def test_self_heal_does_not_expect_a_learner_still_down_for_another_fault():
     assert after_pause and after_pause[0]["extended_by_faults"] == [0]
 
 
+def test_self_heal_moves_the_deadline_to_a_fault_that_starts_inside_a_process_exits_allowance():
+    """A syncer pause ends at 22 s (allowed until 30 s) while the syncer, which exited on its own
+    at 20 s, is restarted at 25 s (allowed until 33 s); a syncer kill at 31 s then starts inside
+    the time, so learner-2, down until 40 s, is judged against the kill's deadline (42 s), though
+    the exit comes after the kill among the windows. learner-2 back only at 50 s still fails."""
+    faults = [pause("syncer", 17.0, 5.0), kill("syncer", 31.0, 3.0)]
+    exited = [ev(20.0, "exit", process="supervisor", target="syncer", exit_code=75, restart=True),
+              ev(25.0, "restart", process="supervisor", target="syncer", exit_code=75)]
+
+    def healings(back: float) -> tuple[str, list[dict]]:
+        events = training(80.0, syncer_down=[(17.0, 25.5), (31.0, 34.5)], absent={2: [(17.0, back)]}) + exited
+        verdict = check_self_heal(view(events, history_for(faults, duration=80.0)), within=8.0)
+        return verdict.status, [r for r in verdict.evidence["healings"] if r["learner"] == 2 and r["fault"] == 0]
+
+    status, rows = healings(40.0)
+    assert status == PASS, rows
+    assert rows[0]["within"] == 20.0 and set(rows[0]["extended_by_faults"]) == {1, None}, rows
+    status, rows = healings(50.0)
+    assert status == FAIL and rows[0]["contributed_after"] == 28.0, rows
+
+
 def test_self_heal_checks_every_partitioned_learner_and_rank_targets():
     """A partition of two learners and a pause of one rank are judged per learner (rank -> its learner)."""
     faults = [partition(["learner-1", "learner-2"], 10.0, 5.0), pause("learner-3/rank-0", 30.0, 5.0)]
