@@ -111,7 +111,8 @@ def _run_in(out: Path, schedule, spec, args: argparse.Namespace) -> int:
     try:
         with ProgressPrinter(RunProgress(out, args.learners)) as printer:
             result = run_schedule(schedule, out, spec, reference=args.reference, on_phase=printer.phase,
-                                  on_start=lambda: print(header, flush=True))
+                                  on_start=lambda: print(header, flush=True),
+                                  reference_seconds=args.reference_seconds or 0.0)
     except ValueError as exc:  # e.g. a fault the backend cannot apply, named by its field
         print(f"run: error: {as_flag(str(exc))}", file=sys.stderr)
         return 2
@@ -176,7 +177,7 @@ def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         "decoupled", "markov", None
     args.ranks = 1
     args.task, args.device, args.learner_args = "gpt", "auto", []
-    args.warm_spares, args.host_clocks = DEMO_WARM_SPARES, ""
+    args.warm_spares, args.host_clocks, args.reference_seconds = DEMO_WARM_SPARES, "", None
     status = cmd_run(args, parser)
     if (Path(args.out) / "events").is_dir():
         png, html = write_report(Path(args.out))
@@ -303,6 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. 'syncer=-4,learner-1=+5@200' (offset in seconds, drift in parts per million); the "
                         "run probes them and places their events on one timeline (default: none, one clock)")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
+    p.add_argument("--reference-seconds", type=_positive_float, default=None, metavar="S",
+                   help="when no cached reference covers this run, run the missing one for at least S s, so "
+                        "that longer runs of the same configuration find it cached too (default: this run's "
+                        "duration, rounded up to 30 s)")
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
 

@@ -206,25 +206,33 @@ def reference_duration(duration: float) -> float:
     return math.ceil(duration / DURATION_GRID) * DURATION_GRID
 
 
-def obtain(spec: RunSpec, tokens: float | None = None,
-           on_phase: Callable[[str], None] | None = None) -> ReferenceCurve | None:
+def obtain(spec: RunSpec, tokens: float | None = None, on_phase: Callable[[str], None] | None = None,
+           at_least: float = 0.0) -> ReferenceCurve | None:
     """The cached reference for this configuration (one that covers `duration` s or the
     chaos run's `tokens` merged tokens), or a fault-free run of it made now
     through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
     `reference_dir()/<key>-run`. It always runs on the local backend: what healthy training
     reaches at a number of merged tokens does not depend on where the processes live, and
-    it needs no Docker. None when the reference run sampled no global loss."""
+    it needs no Docker. With `at_least` longer than the run, only a reference that ran
+    that long will do, and a missing one runs that long: longer runs of the configuration
+    then find it cached too (a suite whose runs differ in length pays for one reference, not
+    one per length, whichever of them happens to run first). None when the reference run
+    sampled no global loss."""
+    if not at_least >= 0 or math.isinf(at_least):
+        raise ValueError(f"reference_seconds: must be a finite number of seconds >= 0, got {at_least!r}")
     settings = settings_for(spec)
     key = reference_key(settings)
     wanted = reference_duration(spec.duration or DURATION_GRID)
-    cached = load_cached(key, wanted, tokens)
+    length = max(wanted, reference_duration(at_least))
+    enough = tokens if length == wanted else None  # a longer one was asked for: its tokens do not count
+    cached = load_cached(key, length, enough)
     if cached is not None:
         return cached
     # One reference run per configuration at a time: runs of one configuration started
     # together would share (and delete) `<key>-run`; the later one waits and uses the cache.
-    with flocked(reference_dir() / f"{key}.lock", LOCK_WAIT_FACTOR * wanted + LOCK_WAIT_EXTRA):
-        cached = load_cached(key, wanted, tokens)
-        return cached if cached is not None else _run_reference(spec, settings, key, wanted, on_phase)
+    with flocked(reference_dir() / f"{key}.lock", LOCK_WAIT_FACTOR * length + LOCK_WAIT_EXTRA):
+        cached = load_cached(key, length, enough)
+        return cached if cached is not None else _run_reference(spec, settings, key, length, on_phase)
 
 
 def _run_reference(spec: RunSpec, settings: dict, key: str, wanted: float,

@@ -6,6 +6,7 @@ test replays with exactly the same code path from the command line.
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -190,16 +191,19 @@ def judge_events(events: list[dict], history: list[dict], learners: int, run_dir
 def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
                  checker_options: dict | None = None, evaluate: bool = True, reference: str = "auto",
                  on_phase: Callable[[str], None] | None = None, on_start: Callable[[], None] | None = None,
-                 **settings) -> RunResult:
+                 reference_seconds: float = 0.0, **settings) -> RunResult:
     """Run `spec` (or a RunSpec of `settings`: backend=, learners=, task=, ...) under
     `schedule`. `reference`: "auto" compares the final loss with a fault-free run of the
-    same configuration (chaos/reference.py: cached, run after this one when missing), "off"
+    same configuration (chaos/reference.py: cached, run after this one when missing, for
+    this run's duration or `reference_seconds`, whichever is longer), "off"
     does not (nor does a run that is not evaluated). `on_phase` hears what the run does
     after its schedule (the progress printer's heartbeat says it); `on_start` is called once
     the run is accepted and its directory made (a refused run made none, and says nothing of one)."""
     phase = on_phase or (lambda text: None)
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
+    if not reference_seconds >= 0 or math.isinf(reference_seconds):
+        raise ValueError(f"reference_seconds: must be a finite number of seconds >= 0, got {reference_seconds!r}")
     spec = (spec or RunSpec()).replace(**settings) if settings else (spec or RunSpec())
     spec = spec.replace(seed=schedule.seed, duration=spec.duration if spec.duration is not None
                         else default_duration(schedule),
@@ -248,7 +252,7 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
                 history.close()
     curve = None
     if reference == "auto" and evaluate:
-        curve = fault_free_reference(run_dir, spec, phase)
+        curve = fault_free_reference(run_dir, spec, phase, reference_seconds)
     phase("checking the run")
     return evaluate_run(run_dir, spec.learners, checker_options, spec.data, evaluate, curve)
 
@@ -262,13 +266,14 @@ def record_clocks(run_dir: Path, prober: Prober, history: History) -> None:
                    hosts=sorted({s.host for s in samples}))
 
 
-def fault_free_reference(run_dir: Path, spec: RunSpec,
-                         on_phase: Callable[[str], None] | None = None) -> ReferenceCurve | None:
-    """The reference for this run's configuration (cached, or run now), recorded in run.json
-    (`reference`); None, with the reason recorded, when none could be had."""
+def fault_free_reference(run_dir: Path, spec: RunSpec, on_phase: Callable[[str], None] | None = None,
+                         at_least: float = 0.0) -> ReferenceCurve | None:
+    """The reference for this run's configuration (cached, or run now, for at least
+    `at_least` s), recorded in run.json (`reference`); None, with the reason recorded, when
+    none could be had."""
     try:
         tokens = final_tokens(RunView(read_events(run_dir), []))
-        curve = obtain_reference(spec, tokens=tokens, on_phase=on_phase)
+        curve = obtain_reference(spec, tokens=tokens, on_phase=on_phase, at_least=at_least)
         note = curve.describe() if curve is not None else {"error": "the reference run sampled no global loss"}
     except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         curve, note = None, {"error": f"{type(exc).__name__}: {exc}"}

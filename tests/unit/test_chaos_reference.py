@@ -119,6 +119,26 @@ def test_obtain_runs_a_fault_free_run_once_then_uses_the_cache(monkeypatch: pyte
     assert len(calls) == 2  # longer than the cached one
 
 
+def test_a_reference_run_lasts_at_least_what_is_asked_and_serves_the_longer_runs(monkeypatch: pytest.MonkeyPatch):
+    """A 54 s run asking for a 90 s reference runs one of 90 s, which a 70 s run then finds
+    cached; a shorter cached one, even one past the run's tokens, does not do for it."""
+    calls: list[dict] = []
+    monkeypatch.setattr("chaos.runner.run_schedule", fake_run(calls))
+    spec = RunSpec(learners=3, duration=54.0, trainer_args=["--sync-every", "10"])
+    assert ref.obtain(spec).duration == 60.0  # another run of the suite came first
+    assert ref.obtain(spec, tokens=1.0).duration == 60.0
+    assert ref.obtain(spec, tokens=1.0, at_least=80.0).duration == 90.0
+    assert [c["spec"].duration for c in calls] == [60.0, 90.0]
+    assert ref.obtain(spec.replace(duration=70.0)).duration == 90.0
+    assert ref.obtain(spec, at_least=90.0).duration == 90.0
+    assert len(calls) == 2
+    ref.obtain(spec.replace(duration=100.0), at_least=10.0)
+    assert [c["spec"].duration for c in calls] == [60.0, 90.0, 120.0]  # never shorter than the run's own
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="reference_seconds"):
+            ref.obtain(spec, at_least=bad)
+
+
 def test_final_loss_against_a_reference_at_equal_tokens():
     """The chaos run merged 65,000 tokens: the reference's best by then is 2.25."""
     def run(loss: float):
