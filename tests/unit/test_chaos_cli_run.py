@@ -37,6 +37,20 @@ def test_the_schedules_learners_sets_the_cluster_size(started: list[dict], tmp_p
     assert started[-1]["spec"].learners == 2, "quick.yaml says learners: 2, so the run starts 2"
 
 
+def test_reference_seconds_reaches_the_run_and_defaults_to_the_runs_own(started: list[dict], tmp_path: Path) -> None:
+    assert main(["run", str(QUICK), "--out", str(tmp_path / "a"), "--reference-seconds", "90"]) == 1
+    assert started[-1]["reference_seconds"] == 90.0
+    assert main(["run", str(QUICK), "--out", str(tmp_path / "b")]) == 1
+    assert started[-1]["reference_seconds"] == 0.0  # obtain() then uses the run's duration
+
+
+def test_reference_seconds_must_be_positive(started: list[dict], capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["run", str(QUICK), "--reference-seconds", "0"])
+    assert info.value.code == 2 and not started
+    assert "--reference-seconds" in capsys.readouterr().err
+
+
 def test_without_learners_anywhere_the_run_starts_three(started: list[dict], tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("seed: 1\nfaults:\n- {kind: pause, at: 1, duration: 1, target: learner-3}\n")

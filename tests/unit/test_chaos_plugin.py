@@ -45,7 +45,7 @@ from trainer.runspec import RunSpec
 CALLS = []
 
 
-def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None,
+def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None, reference_seconds=0.0,
                       **settings):
     spec = (spec or RunSpec()).replace(**settings)
     CALLS.append(dict(schedule=schedule, run_dir=run_dir, spec=spec, reference=reference))
@@ -480,7 +480,7 @@ def test_replay_reruns_with_the_recorded_settings(tmp_path: Path, monkeypatch: p
     calls = []
     outcome = {"status": "pass"}
 
-    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None,
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None, reference_seconds=0.0,
                           **settings):
         assert os.environ.get("ISLANDS_DEFECT") == "slow-merge"
         calls.append((schedule, run_dir, {"spec": spec, "reference": reference, **settings}))
@@ -637,7 +637,7 @@ def _rerun(command: str, monkeypatch: pytest.MonkeyPatch, cwd: Path) -> RunSpec:
 
     specs: list[RunSpec] = []
 
-    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None,
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None, reference_seconds=0.0,
                           **settings):
         specs.append((spec or RunSpec()).replace(**settings))
         raise RuntimeError("stand-in: no cluster in unit tests")
@@ -703,7 +703,7 @@ def test_demo_runs_the_demo_schedule_with_every_setting_run_needs(tmp_path: Path
 
     calls = []
 
-    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None,
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None, reference_seconds=0.0,
                           **settings):
         calls.append((schedule, run_dir, {"spec": spec, "reference": reference, **settings}))
         verdicts = [Verdict("progress", "pass", "ok")]
@@ -728,7 +728,7 @@ def test_replay_reference_off_reaches_run_schedule(tmp_path: Path, monkeypatch: 
 
     seen = []
 
-    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None,
+    def fake_run_schedule(schedule, run_dir, spec=None, checker_options=None, evaluate=True, reference="auto", on_phase=None, on_start=None, reference_seconds=0.0,
                           **settings):
         seen.append(reference)
         run_dir.mkdir(parents=True)
