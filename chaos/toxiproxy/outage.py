@@ -6,6 +6,7 @@ per connection buried the run's output under dozens of identical lines. An outag
 reported once, labelled with the proxy (the link it carries) and the reason, then counted
 silently (debug level) until a dial succeeds again, when one line says how many
 connections failed and for how long. Nothing is lost: the counts stay on the object.
+Each line is written under the object's lock, with the change it reports.
 
 Before the upstream has ever answered it is not down but not up yet: a cluster starts
 its learners beside the syncer, and a learner that dials first is refused until the
@@ -53,17 +54,17 @@ class UpstreamOutages:
                 self._upstream = upstream
                 self._starting = not self._answered_once
                 self.outages += 1
-            count, starting = self.failures, self._starting
-        if first and starting:
-            self.log.info("proxy %s: upstream %s is not up yet (%s): client connections are refused until "
-                          "it answers", self.proxy, upstream, reason)
-        elif first:
-            self.log.warning("proxy %s: upstream %s is down (%s): its client connection was closed; further "
-                             "failed connections are counted until the upstream answers again",
-                             self.proxy, upstream, reason)
-        else:
-            self.log.debug("proxy %s: upstream %s still down (%s), %d failed connection(s)",
-                           self.proxy, upstream, reason, count)
+            # Said under the lock: whoever sees the count or the outage change finds its line.
+            if first and self._starting:
+                self.log.info("proxy %s: upstream %s is not up yet (%s): client connections are refused until "
+                              "it answers", self.proxy, upstream, reason)
+            elif first:
+                self.log.warning("proxy %s: upstream %s is down (%s): its client connection was closed; further "
+                                 "failed connections are counted until the upstream answers again",
+                                 self.proxy, upstream, reason)
+            else:
+                self.log.debug("proxy %s: upstream %s still down (%s), %d failed connection(s)",
+                               self.proxy, upstream, reason, self.failures)
 
     def answered(self) -> None:
         """A dial succeeded: end the outage, if any, with one line that sums it up."""
@@ -81,9 +82,9 @@ class UpstreamOutages:
             seconds, count, upstream = self.clock() - self._since, self.failures, self._upstream
             self._since, self.failures = None, 0
             starting, self._starting = self._starting, False
-        if starting and how == "answers again":
-            self.log.info("proxy %s: upstream %s came up after %.1f s: %d client connection(s) were refused "
-                          "meanwhile", self.proxy, upstream, seconds, count)
-            return
-        self.log.warning("proxy %s: upstream %s %s after %.1f s down: %d client connection(s) failed to reach it",
-                         self.proxy, upstream, how, seconds, count)
+            if starting and how == "answers again":
+                self.log.info("proxy %s: upstream %s came up after %.1f s: %d client connection(s) were refused "
+                              "meanwhile", self.proxy, upstream, seconds, count)
+            else:
+                self.log.warning("proxy %s: upstream %s %s after %.1f s down: %d client connection(s) failed to "
+                                 "reach it", self.proxy, upstream, how, seconds, count)

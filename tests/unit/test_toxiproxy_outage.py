@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 
 import pytest
 
@@ -48,6 +50,32 @@ def test_one_line_when_an_outage_begins_and_one_when_it_ends(caplog: pytest.LogC
     assert outages.outages == 2
     assert warnings(caplog)[-1].endswith("was still down when the proxy stopped after 0.0 s down: 1 client "
                                          "connection(s) failed to reach it")
+
+
+def test_an_outage_seen_to_end_has_its_line_written() -> None:
+    """A slow log handler: whoever sees the outage end (the suite's proxy tests poll `down`)
+    already finds the line that sums it up, not a moment later."""
+    lines: list[str] = []
+
+    class Slow(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            time.sleep(0.2)
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger("test.outage.slow")
+    logger.addHandler(Slow())
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    outages = UpstreamOutages("learner-1", logger=logger)
+    outages.failed("127.0.0.1:7000", "refused")
+    assert len(lines) == 1
+    ender = threading.Thread(target=outages.answered)
+    ender.start()
+    try:
+        assert wait_until(lambda: not outages.down, timeout=5.0), "the outage did not end"
+        assert len(lines) == 2 and "came up after" in lines[1], lines
+    finally:
+        ender.join(timeout=5.0)
 
 
 def _free_port() -> int:
