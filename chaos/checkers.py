@@ -425,7 +425,7 @@ def _heal_deadline(view: RunView, w: Window, learner: int, windows: list[Window]
     before the time is up, or still holds the learner (or its recovery does) when `w` ends.
     A fixed point: a move can bring a fault that starts later into the time, whatever the
     order the windows come in (the process exits come after the scheduled faults)."""
-    deadline, extended_by = w.stop + base, []
+    deadline, moved = w.stop + base, []
     pending = [other for other in windows if other is not w and _hits(other, learner)]
     for _ in range(len(pending)):
         moving = [other for other in pending
@@ -436,9 +436,9 @@ def _heal_deadline(view: RunView, w: Window, learner: int, windows: list[Window]
             break
         for other in moving:
             deadline = max(deadline, other.stop + allowance(other))
-            extended_by.append(other.index)
+            moved.append(other)
             pending.remove(other)
-    return deadline, extended_by
+    return deadline, [other.index for other in windows if other in moved]  # in the windows' order
 
 
 def check_self_heal(view: RunView, within: float | None = None) -> Verdict:

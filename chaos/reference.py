@@ -213,8 +213,8 @@ def obtain(spec: RunSpec, tokens: float | None = None, on_phase: Callable[[str],
     through `chaos.runner.run_schedule` with an empty schedule, nothing else changed, in
     `reference_dir()/<key>-run`. It always runs on the local backend: what healthy training
     reaches at a number of merged tokens does not depend on where the processes live, and
-    it needs no Docker. With `at_least` longer than the run, only a reference that ran
-    that long will do, and a missing one runs that long: longer runs of the configuration
+    it needs no Docker. With `at_least`, only a reference that ran that long (and the
+    run's own length) will do, and a missing one runs that long: longer runs of the configuration
     then find it cached too (a suite whose runs differ in length pays for one reference, not
     one per length, whichever of them happens to run first). None when the reference run
     sampled no global loss."""
@@ -224,7 +224,7 @@ def obtain(spec: RunSpec, tokens: float | None = None, on_phase: Callable[[str],
     key = reference_key(settings)
     wanted = reference_duration(spec.duration or DURATION_GRID)
     length = max(wanted, reference_duration(at_least))
-    enough = tokens if length == wanted else None  # a longer one was asked for: its tokens do not count
+    enough = None if at_least > 0 else tokens  # a length was asked for: a shorter one's tokens do not count
     cached = load_cached(key, length, enough)
     if cached is not None:
         return cached

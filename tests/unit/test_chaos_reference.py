@@ -127,6 +127,7 @@ def test_a_reference_run_lasts_at_least_what_is_asked_and_serves_the_longer_runs
     spec = RunSpec(learners=3, duration=54.0, trainer_args=["--sync-every", "10"])
     assert ref.obtain(spec).duration == 60.0  # another run of the suite came first
     assert ref.obtain(spec, tokens=1.0).duration == 60.0
+    assert ref.obtain(spec, tokens=1.0, at_least=55.0).duration == 60.0  # it ran that long
     assert ref.obtain(spec, tokens=1.0, at_least=80.0).duration == 90.0
     assert [c["spec"].duration for c in calls] == [60.0, 90.0]
     assert ref.obtain(spec.replace(duration=70.0)).duration == 90.0

@@ -62,10 +62,8 @@ def test_an_outage_seen_to_end_has_its_line_written() -> None:
             time.sleep(0.2)
             lines.append(record.getMessage())
 
-    logger = logging.getLogger("test.outage.slow")
+    logger = logging.Logger("test.outage.slow", level=logging.INFO)  # not registered: nothing to undo
     logger.addHandler(Slow())
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
     outages = UpstreamOutages("learner-1", logger=logger)
     outages.failed("127.0.0.1:7000", "refused")
     assert len(lines) == 1
