@@ -206,6 +206,12 @@ def reference_duration(duration: float) -> float:
     return math.ceil(duration / DURATION_GRID) * DURATION_GRID
 
 
+def check_reference_seconds(seconds: float) -> None:
+    """Refuse a reference length that is not a finite number of seconds >= 0, by its name."""
+    if not seconds >= 0 or math.isinf(seconds):
+        raise ValueError(f"reference_seconds: must be a finite number of seconds >= 0, got {seconds!r}")
+
+
 def obtain(spec: RunSpec, tokens: float | None = None, on_phase: Callable[[str], None] | None = None,
            at_least: float = 0.0) -> ReferenceCurve | None:
     """The cached reference for this configuration (one that covers `duration` s or the
@@ -218,8 +224,7 @@ def obtain(spec: RunSpec, tokens: float | None = None, on_phase: Callable[[str],
     then find it cached too (a suite whose runs differ in length pays for one reference, not
     one per length, whichever of them happens to run first). None when the reference run
     sampled no global loss."""
-    if not at_least >= 0 or math.isinf(at_least):
-        raise ValueError(f"reference_seconds: must be a finite number of seconds >= 0, got {at_least!r}")
+    check_reference_seconds(at_least)
     settings = settings_for(spec)
     key = reference_key(settings)
     wanted = reference_duration(spec.duration or DURATION_GRID)

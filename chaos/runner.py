@@ -6,7 +6,6 @@ test replays with exactly the same code path from the command line.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from .clock_probe import Prober
 from .controller import HISTORY_FILE, Controller, History, read_history
 from .nemesis import NEMESES
 from .reference import MODES as REFERENCE_MODES
-from .reference import ReferenceCurve
+from .reference import ReferenceCurve, check_reference_seconds
 from .reference import obtain as obtain_reference
 from .timeline import ONE_CLOCK, Placement, estimate_all, read_samples, run_events, write_estimates
 
@@ -202,8 +201,7 @@ def run_schedule(schedule: Schedule, run_dir: Path, spec: RunSpec | None = None,
     phase = on_phase or (lambda text: None)
     if reference not in REFERENCE_MODES:
         raise ValueError(f"reference: must be one of {', '.join(REFERENCE_MODES)}, got {reference!r}")
-    if not reference_seconds >= 0 or math.isinf(reference_seconds):
-        raise ValueError(f"reference_seconds: must be a finite number of seconds >= 0, got {reference_seconds!r}")
+    check_reference_seconds(reference_seconds)  # before the run, not minutes into it
     spec = (spec or RunSpec()).replace(**settings) if settings else (spec or RunSpec())
     spec = spec.replace(seed=schedule.seed, duration=spec.duration if spec.duration is not None
                         else default_duration(schedule),

@@ -140,6 +140,16 @@ def test_a_reference_run_lasts_at_least_what_is_asked_and_serves_the_longer_runs
             ref.obtain(spec, at_least=bad)
 
 
+def test_a_run_asking_for_a_bad_reference_length_is_refused_before_it_starts(tmp_path: Path):
+    from chaos.runner import run_schedule
+    from faults import Schedule
+
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="reference_seconds"):
+            run_schedule(Schedule(seed=1, faults=()), tmp_path / "run", learners=2, reference_seconds=bad)
+    assert not (tmp_path / "run").exists()
+
+
 def test_final_loss_against_a_reference_at_equal_tokens():
     """The chaos run merged 65,000 tokens: the reference's best by then is 2.25."""
     def run(loss: float):
