@@ -305,9 +305,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "run probes them and places their events on one timeline (default: none, one clock)")
     p.add_argument("--reference", choices=REFERENCE_CHOICES, default="auto", help=REFERENCE_HELP)
     p.add_argument("--reference-seconds", type=_positive_float, default=None, metavar="S",
-                   help="when no cached reference covers this run, run the missing one for at least S s, so "
-                        "that longer runs of the same configuration find it cached too (default: this run's "
-                        "duration, rounded up to 30 s)")
+                   help="use only a cached reference that ran at least S s (a shorter one does not count), and "
+                        "run a missing one that long, so that longer runs of the same configuration find it "
+                        "cached too (default: none; the run's own duration, rounded up to 30 s, decides)")
     p.set_defaults(func=cmd_run, trainer_args=[])
     p.epilog = "Flags after a lone -- go to the syncer, e.g. -- --sync-every 10 --grace 1"
 

@@ -95,7 +95,7 @@ def test_files_round_trip(tmp_path_factory: pytest.TempPathFactory, schedule: Sc
 
 def test_every_kind_is_drawn() -> None:
     """Seeded: 300 schedules draw every kind dozens of times (disk 17-51 times in 40 random
-    runs), yet one unseeded CI run saw no disk fault at all; the seed makes the search the same
+    runs), yet one unseeded run in a local .ci/run saw no disk fault at all; the seed makes the search the same
     every run, so the test says whether the strategy draws each kind, not whether a run was lucky."""
     seen: Counter[str] = Counter()
 
