@@ -307,8 +307,9 @@ class LocalCluster(Cluster):
         with self._lock:
             proc = self._proc(target)
             self._held.add(target)
+            # Signals only, as for a kill: both are down from here, and `restart` reaps them.
             if proc is not None:
-                proc.kill()
+                proc.signal(signal.SIGKILL)
             self.disk.power_off()
 
     def pause(self, target: str) -> None:

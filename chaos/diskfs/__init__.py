@@ -15,9 +15,9 @@ from typing import Any
 
 # Loaded on first use, so `python -m chaos.diskfs.client` runs a module the package has not
 # imported already (runpy warns of that, and the warning lands in every harness's output).
-_HOMES = {"DiskControl": "client", "DiskControlError": "client", "DiskfsError": "launch", "power_loss": "launch",
-          "start_diskfs": "launch", "stop_diskfs": "launch", "Model": "model", "ERRNOS": "modes", "MODES": "modes",
-          "unmount": "mounts"}
+_HOMES = {"DiskControl": "client", "DiskControlError": "client", "DiskfsError": "launch", "cut_power": "launch",
+          "power_loss": "launch", "reap_power_cut": "launch", "start_diskfs": "launch", "stop_diskfs": "launch",
+          "Model": "model", "ERRNOS": "modes", "MODES": "modes", "unmount": "mounts"}
 
 __all__ = sorted(_HOMES)
 

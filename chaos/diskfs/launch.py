@@ -4,7 +4,8 @@ The daemon runs as its own process in its own session (a signal to the harness's
 does not reach it). `power_loss` SIGKILLs the daemon's pid only, not its group: libfuse's
 `auto_unmount` leaves a `fusermount3` watcher in that group which unmounts the dead mount;
 if it was killed too, or the mount lingers, `fusermount3 -uz` does it. Either way the mount
-point is left usable for a new daemon.
+point is left usable for a new daemon. A harness that times the cut uses `cut_power` (the
+signal only) and `reap_power_cut` later, before it mounts again.
 """
 from __future__ import annotations
 
@@ -83,21 +84,34 @@ def stop_diskfs(popen: subprocess.Popen, mount: str | os.PathLike, timeout: floa
     return popen.returncode
 
 
-def power_loss(popen: subprocess.Popen, mount: str | os.PathLike, timeout: float = 10.0) -> None:
-    """SIGKILL the daemon: what was not durable is gone (it lived only in the daemon's memory).
-    Returns once the mount point is an ordinary, usable directory again."""
+def cut_power(popen: subprocess.Popen) -> None:
+    """SIGKILL the daemon and return at once: from this moment it runs no instruction, so
+    nothing more becomes durable; the power is off. Its teardown (seconds for a large
+    process on a loaded machine) is `reap_power_cut`'s, before the mount is used again."""
     if popen.poll() is None:
         try:
             os.kill(popen.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        try:
-            popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            raise DiskfsError(f"diskfs pid {popen.pid} at {mount} did not die within {timeout:g} s of SIGKILL") from None
-    # At once, not after auto_unmount's watcher: under load it was seen to take 10 s, and a
-    # power loss is in force from the kill (the caller times it); a lazy unmount takes ms.
+
+
+def reap_power_cut(popen: subprocess.Popen, mount: str | os.PathLike, timeout: float = 10.0) -> None:
+    """Wait for a daemon that `cut_power` killed to be gone and leave its mount point an
+    ordinary, usable directory again."""
+    try:
+        popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DiskfsError(f"diskfs pid {popen.pid} at {mount} did not die within {timeout:g} s of SIGKILL") from None
+    # At once, not after auto_unmount's watcher: under load it was seen to take 10 s; a
+    # lazy unmount takes ms.
     _release_mount(mount, wait=0.0)
+
+
+def power_loss(popen: subprocess.Popen, mount: str | os.PathLike, timeout: float = 10.0) -> None:
+    """SIGKILL the daemon: what was not durable is gone (it lived only in the daemon's memory).
+    Returns once the mount point is an ordinary, usable directory again."""
+    cut_power(popen)
+    reap_power_cut(popen, mount, timeout)
 
 
 def _release_mount(mount: str | os.PathLike, wait: float = 5.0) -> None:
