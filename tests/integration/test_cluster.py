@@ -57,7 +57,7 @@ def test_three_learners_train_below_unigram_entropy(run_dir: Path) -> None:
 
 
 def test_killed_learner_rejoins_and_contributes_again(run_dir: Path) -> None:
-    cluster = make_cluster(run_dir)
+    cluster = make_cluster(run_dir, extra=SMALL_MODEL)  # the model is beside the point
     try:
         wait_for(run_dir, "learner-2 to contribute to a merge", lambda ev: contributed(ev, 2, 1), 120, cluster)
         cluster.learners[2].popen.send_signal(signal.SIGKILL)
@@ -81,7 +81,7 @@ def test_killed_learner_rejoins_and_contributes_again(run_dir: Path) -> None:
 
 
 def test_syncer_crash_loses_no_acknowledged_push(run_dir: Path) -> None:
-    cluster = make_cluster(run_dir)
+    cluster = make_cluster(run_dir, extra=SMALL_MODEL)  # the model is beside the point
     try:
         wait_for(run_dir, "three merges", lambda ev: len(merges(ev)) >= 3, 120, cluster)
         cluster.syncer.popen.send_signal(signal.SIGKILL)
@@ -130,7 +130,7 @@ def _handshake_bytes() -> bytes:
 
 
 def test_bad_frames_are_refused_while_training_goes_on(run_dir: Path) -> None:
-    cluster = make_cluster(run_dir, learners=3, start_learners=2)
+    cluster = make_cluster(run_dir, learners=3, start_learners=2, extra=SMALL_MODEL)
     try:
         wait_for(run_dir, "a merge", lambda ev: len(merges(ev)) >= 1, 120, cluster)
         secret = cluster.secret_file.read_bytes().strip()
