@@ -70,8 +70,12 @@ class LocalDiskLayer:
         self.registry.record_pid(self.NAME, self.popen.pid, list(map(str, self.popen.args)))
 
     def set_mode(self, mode: str, latency_ms: float = 50.0) -> None:
+        """The mode in force from now, and in the daemon started after a power loss. A daemon
+        whose power is cut is not asked: it may still be dying, its control socket open but
+        never answering (the kernel frees its memory before its files)."""
         write_mode_file(self.mode_file, mode, latency_ms)
-        DiskControl(self.control).set_mode(mode, latency_ms)
+        if not self.powered_off:  # a daemon that died on its own is asked, and the error says so
+            DiskControl(self.control).set_mode(mode, latency_ms)
 
     def power_off(self) -> None:
         """SIGKILL the daemon and return: what was not durable is gone from that moment. The

@@ -5,8 +5,10 @@ loaded CI machine, and a power loss that waited for the syncer and its disk daem
 late (`faults_applied` failed runs whose signals went out on time)."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -89,10 +91,18 @@ def test_a_power_loss_is_in_force_at_its_signals_and_its_disk_is_reaped_before_i
         assert not cluster.is_running("syncer") and cluster.held("syncer")
         assert not cluster.disk.running, "a disk daemon whose power was cut still counted as running"
         assert not released, "the cut freed the mount point itself (its teardown is the restart's)"
+        asked: list[str] = []
+        monkeypatch.setattr(disk_layer, "DiskControl",
+                            lambda path: SimpleNamespace(set_mode=lambda mode, latency_ms: asked.append(mode)))
+        cluster.set_disk("syncer", "full")  # a dying daemon's socket may accept and never answer
+        assert not asked, "a daemon whose power was cut was asked to change its mode"
+        assert json.loads(cluster.disk.mode_file.read_text())["mode"] == "full", "the next daemon's mode was lost"
         cluster.restart("syncer")
         assert (syncer.popen.returncode, daemon.returncode) == (-9, -9), "the cut processes were not reaped"
         assert released == [cluster.disk.mount] and cluster.disk.popen is mounted[0] and cluster.disk.running
         assert successor and cluster.is_running("syncer") and not cluster.held("syncer")
+        cluster.set_disk("syncer", "none")
+        assert asked == ["none"], "the daemon mounted again was not asked"
     finally:
         for proc in [syncer, *successor]:
             proc.kill()
