@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..processes import log_tail
+from ..processes import log_tail, signal_pid
 from . import mounts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -89,10 +89,7 @@ def cut_power(popen: subprocess.Popen) -> None:
     nothing more becomes durable; the power is off. Its teardown (seconds for a large
     process on a loaded machine) is `reap_power_cut`'s, before the mount is used again."""
     if popen.poll() is None:
-        try:
-            os.kill(popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        signal_pid(popen.pid, signal.SIGKILL)
 
 
 def reap_power_cut(popen: subprocess.Popen, mount: str | os.PathLike, timeout: float = 10.0) -> None:

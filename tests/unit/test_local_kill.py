@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from types import SimpleNamespace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
